@@ -1,0 +1,760 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Attention backends, segment-aware attention and the per-microbatch K/V store.
+
+Exactness is checked in float64 on CPU against references written here: a
+naive masked-softmax attention, and fake varlen kernels that implement the
+documented flash-attn / torch varlen contracts in plain torch. Segmented runs
+(forward segment by segment, backward last-to-first, as Seq1F1B schedules them)
+must reproduce the unsplit attention and its gradients.
+"""
+
+import importlib.util
+import math
+import re
+from collections import defaultdict
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.attention_backends import (
+    FlashVarlenBackend,
+    SDPABackend,
+    TorchVarlenBackend,
+    resolve_backend,
+)
+from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, _PrefixBuffers, unit_scope
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+F64 = torch.float64
+EXACT = 1e-12  # relative tolerance for float64 comparisons
+
+# Worst relative error seen per check family; printed at module teardown (-s).
+WORST: dict[str, float] = defaultdict(float)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_worst():
+    yield
+    for name, err in sorted(WORST.items()):
+        print(f"\n[test_attention] worst relative error, {name}: {err:.3e}")
+
+
+# ---- helpers -----------------------------------------------------------------
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected| (0 when both are zero)."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = expected.abs().max().item()
+    diff = (actual - expected).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def assert_close(actual, expected, family: str, rtol: float = EXACT, what: str = ""):
+    err = rel_err(actual.detach(), expected.detach())
+    WORST[family] = max(WORST[family], err)
+    assert err <= rtol, f"{family} {what}: relative error {err:.3e} > {rtol:.1e}"
+
+
+def randn(*shape, seed: int, dtype=F64, device="cpu") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen, dtype=F64).to(dtype=dtype, device=device)
+
+
+def naive_attention(q, k, v, scale):
+    """Bottom-right causal attention, (B, Lq, H, D) x (B, Lk, Hkv, D) -> (B, Lq, H, D)."""
+    _, q_len, n_heads, head_dim = q.shape
+    k_len, n_kv = k.shape[1], k.shape[2]
+    assert k_len >= q_len and n_heads % n_kv == 0
+    scale = 1 / math.sqrt(head_dim) if scale is None else scale
+    k = k.repeat_interleave(n_heads // n_kv, dim=2)
+    v = v.repeat_interleave(n_heads // n_kv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    query_pos = torch.arange(q_len).unsqueeze(1) + (k_len - q_len)
+    masked = torch.arange(k_len).unsqueeze(0) > query_pos  # (Lq, Lk)
+    scores = scores.masked_fill(masked.to(scores.device), float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), v)
+
+
+def output_and_grads(fn, inputs, grad_out):
+    """fn(*leaves) and d(fn . grad_out)/d leaves, for fresh leaf copies of inputs."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+# ---- fake varlen kernels (documented contracts, plain torch) -------------------
+
+
+def _check_varlen_inputs(q, k, v, cu_q, cu_k, max_q, max_k):
+    assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "packed (total, heads, dim)"
+    assert k.shape == v.shape and q.shape[2] == k.shape[2]
+    assert q.shape[1] % k.shape[1] == 0
+    assert q.dtype == k.dtype == v.dtype and q.device == k.device == v.device
+    for cu, total, max_len in ((cu_q, q.shape[0], max_q), (cu_k, k.shape[0], max_k)):
+        assert cu.dtype == torch.int32 and cu.dim() == 1 and cu.device == q.device
+        assert cu[0].item() == 0 and cu[-1].item() == total
+        lengths = cu.diff()
+        assert (lengths >= 0).all()
+        assert type(max_len) is int and max_len == lengths.max().item()
+    assert cu_q.shape == cu_k.shape, "one (query, key) sequence pair per entry"
+
+
+def _varlen_reference(q, k, v, cu_q, cu_k, scale):
+    """Per-sequence bottom-right causal attention; GQA by grouping query heads."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    group = n_heads // n_kv
+    outs = []
+    for i in range(cu_q.numel() - 1):
+        qs = q[cu_q[i] : cu_q[i + 1]]
+        ks, vs = k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]]
+        assert ks.shape[0] >= qs.shape[0]
+        heads = [
+            naive_attention(
+                qs[None, :, h : h + 1], ks[None, :, h // group : h // group + 1],
+                vs[None, :, h // group : h // group + 1], scale,
+            )[0]
+            for h in range(n_heads)
+        ]
+        outs.append(torch.cat(heads, dim=1))
+    return torch.cat(outs, dim=0)
+
+
+class FakeFlashVarlen:
+    """``flash_attn.flash_attn_varlen_func`` (flash-attn 2 semantics) on CPU."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(
+        self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+        softcap=0.0, alibi_slopes=None, deterministic=False,
+        return_attn_probs=False, block_table=None,
+    ):
+        assert causal is True, "Seq1F1B attention must pass causal=True"
+        assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
+        _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        self.calls.append(dict(
+            q_shape=tuple(q.shape), k_shape=tuple(k.shape),
+            cu_q=cu_seqlens_q.clone(), cu_k=cu_seqlens_k.clone(),
+            max_q=max_seqlen_q, max_k=max_seqlen_k, scale=softmax_scale,
+        ))
+        return _varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+
+
+class FakeTorchVarlen:
+    """``torch.nn.attention.varlen.varlen_attn`` on CPU; causal is window (-1, 0)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(
+        self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
+        return_aux=None, scale=None, window_size=(-1, -1), enable_gqa=False,
+        seqused_k=None, block_table=None, num_splits=None,
+    ):
+        assert window_size == (-1, 0), f"causal needs window_size=(-1, 0), got {window_size}"
+        assert enable_gqa == (query.shape[1] != key.shape[1]), "enable_gqa must match heads"
+        assert return_aux is None and seqused_k is None and block_table is None
+        _check_varlen_inputs(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
+        self.calls.append(dict(
+            q_shape=tuple(query.shape), k_shape=tuple(key.shape),
+            cu_q=cu_seq_q.clone(), cu_k=cu_seq_k.clone(),
+            max_q=max_q, max_k=max_k, scale=scale,
+        ))
+        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale)
+
+
+class CPUFlashBackend(FlashVarlenBackend):
+    def supports(self, q):
+        return True
+
+
+class CPUTorchVarlenBackend(TorchVarlenBackend):
+    def supports(self, q):
+        return True
+
+
+def make_backend(name: str):
+    """(backend runnable on CPU float64, its fake kernel or None)."""
+    if name == "sdpa":
+        return SDPABackend(), None
+    if name == "flash":
+        fake = FakeFlashVarlen()
+        return CPUFlashBackend(kernel=fake), fake
+    fake = FakeTorchVarlen()
+    return CPUTorchVarlenBackend(kernel=fake), fake
+
+
+# (batch, q_len, k_len, n_heads, n_kv_heads, scale)
+BACKEND_CASES = [
+    (1, 7, 7, 4, 4, None),
+    (2, 7, 7, 4, 2, 0.3),
+    (1, 3, 8, 4, 4, 0.3),
+    (2, 3, 8, 4, 2, None),
+    (2, 5, 11, 4, 1, 0.7),
+    (1, 1, 6, 4, 1, None),
+    (2, 6, 6, 4, 1, 1.3),
+]
+
+
+def backend_inputs(batch, q_len, k_len, n_heads, n_kv, head_dim=8, seed=0):
+    q = randn(batch, q_len, n_heads, head_dim, seed=seed)
+    k = randn(batch, k_len, n_kv, head_dim, seed=seed + 1)
+    v = randn(batch, k_len, n_kv, head_dim, seed=seed + 2)
+    grad_out = randn(batch, q_len, n_heads, head_dim, seed=seed + 3)
+    return (q, k, v), grad_out
+
+
+# ---- 1. SDPA backend vs the naive reference ----------------------------------
+
+
+@pytest.mark.parametrize("batch,q_len,k_len,n_heads,n_kv,scale", BACKEND_CASES)
+def test_sdpa_backend_matches_naive(batch, q_len, k_len, n_heads, n_kv, scale):
+    inputs, grad_out = backend_inputs(batch, q_len, k_len, n_heads, n_kv)
+    out, grads = output_and_grads(lambda q, k, v: SDPABackend()(q, k, v, scale), inputs, grad_out)
+    ref, ref_grads = output_and_grads(
+        lambda q, k, v: naive_attention(q, k, v, scale), inputs, grad_out
+    )
+    assert out.shape == (batch, q_len, n_heads, 8)
+    assert_close(out, ref, "1 sdpa vs naive", what="out")
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert_close(g, rg, "1 sdpa vs naive", what=f"d{name}")
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_sdpa_backend_low_precision_on_cpu(dtype, rtol):
+    """The CPU low-precision SDPA paths (what "auto" picks on CPU) are aligned too."""
+    for batch, q_len, k_len, n_heads, n_kv, scale in BACKEND_CASES:
+        (q, k, v), _ = backend_inputs(batch, q_len, k_len, n_heads, n_kv, head_dim=64)
+        out = SDPABackend()(q.to(dtype), k.to(dtype), v.to(dtype), scale)
+        ref = naive_attention(*(x.to(dtype).double() for x in (q, k, v)), scale)
+        assert_close(out.double(), ref, f"1 sdpa {dtype} vs naive", rtol)
+
+
+def test_naive_reference_is_bottom_right():
+    """Sanity of the reference itself: the last query sees every key, the first
+    query of a 3-token segment after a 5-token prefix sees exactly 6 keys."""
+    q = randn(1, 3, 1, 4, seed=5)
+    k = torch.zeros(1, 8, 1, 4, dtype=F64)  # uniform scores: weights = 1 / visible
+    v = torch.eye(8, dtype=F64).view(1, 8, 1, 8)  # output row t = weights of query t
+    out = naive_attention(q, k, v, None)
+    weights = out[0, :, 0]  # (3, 8): row t is the attention distribution of query t
+    for t in range(3):
+        visible = 5 + t + 1
+        assert torch.allclose(weights[t, :visible], torch.full((visible,), 1 / visible, dtype=F64))
+        assert (weights[t, visible:] == 0).all()
+
+
+# ---- 2. varlen adapters with fake kernels -------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["flash", "varlen"])
+@pytest.mark.parametrize("batch,q_len,k_len,n_heads,n_kv,scale", BACKEND_CASES)
+def test_varlen_adapter_matches_sdpa(kind, batch, q_len, k_len, n_heads, n_kv, scale):
+    backend, fake = make_backend(kind)
+    inputs, grad_out = backend_inputs(batch, q_len, k_len, n_heads, n_kv, seed=10)
+    out, grads = output_and_grads(lambda q, k, v: backend(q, k, v, scale), inputs, grad_out)
+    ref, ref_grads = output_and_grads(
+        lambda q, k, v: SDPABackend()(q, k, v, scale), inputs, grad_out
+    )
+    assert out.shape == (batch, q_len, n_heads, 8)
+    assert_close(out, ref, f"2 {kind} adapter vs sdpa", what="out")
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert_close(g, rg, f"2 {kind} adapter vs sdpa", what=f"d{name}")
+
+    (call,) = fake.calls
+    assert call["q_shape"] == (batch * q_len, n_heads, 8)
+    assert call["k_shape"] == (batch * k_len, n_kv, 8)
+    expected_cu_q = torch.tensor([i * q_len for i in range(batch + 1)], dtype=torch.int32)
+    expected_cu_k = torch.tensor([i * k_len for i in range(batch + 1)], dtype=torch.int32)
+    assert torch.equal(call["cu_q"], expected_cu_q)
+    assert torch.equal(call["cu_k"], expected_cu_k)
+    assert (call["max_q"], call["max_k"]) == (q_len, k_len)
+    assert call["scale"] == scale
+
+
+def test_fake_kernels_are_strict():
+    """The fakes reject contract violations, so passing through them means something."""
+    q, k, v = randn(6, 4, 8, seed=1), randn(6, 2, 8, seed=2), randn(6, 2, 8, seed=3)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    with pytest.raises(AssertionError, match="causal"):
+        FakeFlashVarlen()(q, k, v, cu, cu, 6, 6, softmax_scale=None)
+    with pytest.raises(AssertionError, match="window_size"):
+        FakeTorchVarlen()(q, k, v, cu, cu, 6, 6, enable_gqa=True)
+    with pytest.raises(AssertionError, match="enable_gqa"):
+        FakeTorchVarlen()(q, k, v, cu, cu, 6, 6, window_size=(-1, 0))
+    with pytest.raises(AssertionError):  # int64 cu_seqlens
+        FakeFlashVarlen()(q, k, v, cu.long(), cu.long(), 6, 6, causal=True)
+    with pytest.raises(AssertionError):  # max_seqlen inconsistent with cu_seqlens
+        FakeFlashVarlen()(q, k, v, cu, cu, 5, 6, causal=True)
+    with pytest.raises(AssertionError):  # unpacked 4-D layout
+        FakeFlashVarlen()(q[None], k[None], v[None], cu, cu, 6, 6, causal=True)
+    # and the fake itself agrees with the naive reference on a two-sequence pack
+    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 10], dtype=torch.int32)
+    qq, kk, vv = randn(5, 4, 8, seed=4), randn(10, 2, 8, seed=5), randn(10, 2, 8, seed=6)
+    out = FakeFlashVarlen()(qq, kk, vv, cu_q, cu_k, 3, 6, softmax_scale=0.5, causal=True)
+    expected = torch.cat([
+        naive_attention(qq[None, :2], kk[None, :4], vv[None, :4], 0.5)[0],
+        naive_attention(qq[None, 2:], kk[None, 4:], vv[None, 4:], 0.5)[0],
+    ])
+    assert_close(out, expected, "2 fake kernel vs naive")
+
+
+# ---- 3. segmented vs unsplit through SegmentAwareAttention ---------------------
+
+
+class SegmentedRun:
+    """One microbatch of ``fn(*inputs)`` run segment by segment, Seq1F1B style.
+
+    Every input is (batch, heads, seq_len, head_dim) and is cut on dim 2; each
+    segment gets its own leaves so gradients can be mapped back per segment.
+    """
+
+    def __init__(self, fn, inputs, plan, store, microbatch):
+        self.fn, self.inputs, self.plan = fn, inputs, plan
+        self.store, self.microbatch = store, microbatch
+        self.outs = [None] * plan.num_segments
+        self.leaves = [None] * plan.num_segments
+
+    def _scope(self, segment):
+        return unit_scope(SegmentUnit(self.microbatch, segment, self.plan, self.store))
+
+    def forward(self, segment):
+        sl = self.plan.slices()[segment]
+        leaves = [x[:, :, sl].detach().requires_grad_() for x in self.inputs]
+        with self._scope(segment):
+            self.outs[segment] = self.fn(*leaves)
+        self.leaves[segment] = leaves
+
+    def backward(self, segment, grad_out):
+        sl = self.plan.slices()[segment]
+        with self._scope(segment):
+            self.outs[segment].backward(grad_out[:, :, sl])
+
+    def output(self):
+        return torch.cat([o.detach() for o in self.outs], dim=2)
+
+    def grads(self):
+        return [
+            torch.cat([leaves[i].grad for leaves in self.leaves], dim=2)
+            for i in range(len(self.inputs))
+        ]
+
+    def run(self, grad_out):
+        """All forwards in order, then all backwards last-to-first; frees the store."""
+        for j in range(self.plan.num_segments):
+            self.forward(j)
+        for j in reversed(range(self.plan.num_segments)):
+            self.backward(j, grad_out)
+        self.store.free(self.microbatch)
+        return self.output(), self.grads()
+
+
+def attention_inputs(batch, n_heads, n_kv, seq_len, head_dim=8, seed=0):
+    q = randn(batch, n_heads, seq_len, head_dim, seed=seed)
+    k = randn(batch, n_kv, seq_len, head_dim, seed=seed + 1)
+    v = randn(batch, n_kv, seq_len, head_dim, seed=seed + 2)
+    grad_out = randn(batch, n_heads, seq_len, head_dim, seed=seed + 3)
+    return (q, k, v), grad_out
+
+
+def compare_segmented(fn, inputs, grad_out, plan, family, rtol=EXACT):
+    """Segmented run == unsplit run (no unit active): outputs and every input grad."""
+    ref, ref_grads = output_and_grads(fn, inputs, grad_out)
+    store = KVStore()
+    out, grads = SegmentedRun(fn, inputs, plan, store, microbatch=0).run(grad_out)
+    assert len(store) == 0 and store.nbytes == 0
+    assert_close(out, ref, family, rtol, what="out")
+    for i, (g, rg) in enumerate(zip(grads, ref_grads)):
+        assert_close(g, rg, family, rtol, what=f"grad of input {i}")
+
+
+PLANS = {
+    "5-3-4": SegmentPlan.from_lengths((5, 3, 4)),
+    "uniform4": SegmentPlan.uniform(12, 4),
+    "1-1-10": SegmentPlan.from_lengths((1, 1, 10)),
+    "single": SegmentPlan.from_lengths((12,)),
+}
+HEADS = {"mha": (4, 4), "gqa2": (4, 2), "gqa1": (4, 1)}
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen"])
+@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("batch", [1, 2])
+def test_segmented_matches_unsplit(kind, plan_name, heads, batch):
+    backend, fake = make_backend(kind)
+    attn = SegmentAwareAttention(backend, scale=0.4 if batch == 2 else None)
+    plan = PLANS[plan_name]
+    n_heads, n_kv = HEADS[heads]
+    inputs, grad_out = attention_inputs(batch, n_heads, n_kv, plan.seq_len, seed=20)
+    compare_segmented(attn, inputs, grad_out, plan, f"3 segmented {kind}")
+    if fake is not None:
+        # segment j's kernel call: its own queries against the whole prefix
+        seg_calls = fake.calls[1 : 1 + plan.num_segments]
+        for call, length, end in zip(seg_calls, plan.lengths, plan.ends):
+            assert (call["max_q"], call["max_k"]) == (length, end)
+
+
+def two_layers(attn_a, attn_b):
+    """A stage with two attention layers: the second takes the first's output as q."""
+
+    def fn(q, k, v, k2, v2):
+        return attn_b(attn_a(q, k, v), k2, v2)
+
+    return fn
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen"])
+def test_interleaved_microbatches_two_layers(kind):
+    """1F1B-style interleaving of two microbatches through two attention layers
+    sharing one store: K/V and banked gradients stay per (layer, microbatch)."""
+    plan = SegmentPlan.from_lengths((5, 3, 4))
+    fn = two_layers(
+        SegmentAwareAttention(make_backend(kind)[0]),
+        SegmentAwareAttention(make_backend(kind)[0], scale=0.5),
+    )
+    batch, n_heads, seq = 2, 4, plan.seq_len
+    micro = []
+    for mb in range(2):
+        seed = 100 + 10 * mb
+        (q, k, v), grad_out = attention_inputs(batch, n_heads, 2, seq, seed=seed)
+        k2, v2 = randn(batch, 1, seq, 8, seed=seed + 5), randn(batch, 1, seq, 8, seed=seed + 6)
+        micro.append(((q, k, v, k2, v2), grad_out))
+
+    store = KVStore()
+    runs = [SegmentedRun(fn, inputs, plan, store, mb) for mb, (inputs, _) in enumerate(micro)]
+    F = lambda mb, j: runs[mb].forward(j)  # noqa: E731
+    B = lambda mb, j: runs[mb].backward(j, micro[mb][1])  # noqa: E731
+
+    F(0, 0), F(0, 1), F(0, 2)
+    F(1, 0)
+    assert len(store) == 4  # 2 layers x 2 microbatches
+    B(0, 2), F(1, 1), B(0, 1), F(1, 2), B(0, 0)
+    store.free(0)
+    assert len(store) == 2
+    B(1, 2), B(1, 1), B(1, 0)
+    store.free(1)
+    assert len(store) == 0 and store.nbytes == 0
+
+    for mb, (inputs, grad_out) in enumerate(micro):
+        ref, ref_grads = output_and_grads(fn, inputs, grad_out)
+        assert_close(runs[mb].output(), ref, f"3 interleaved {kind}", what=f"mb{mb} out")
+        for i, (g, rg) in enumerate(zip(runs[mb].grads(), ref_grads)):
+            assert_close(g, rg, f"3 interleaved {kind}", what=f"mb{mb} grad {i}")
+
+
+# ---- 4. negative controls: the segmented check can fail -----------------------
+
+
+def test_segmented_check_fails_without_gradient_routing(monkeypatch):
+    def own_slice_only(self, start, end, grad_k, grad_v):
+        return grad_k[:, start:end], grad_v[:, start:end]
+
+    monkeypatch.setattr(_PrefixBuffers, "take_grads", own_slice_only)
+    plan = PLANS["5-3-4"]
+    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=30)
+    attn = SegmentAwareAttention("sdpa")
+    ref, ref_grads = output_and_grads(attn, inputs, grad_out)
+    out, grads = SegmentedRun(attn, inputs, plan, KVStore(), 0).run(grad_out)
+    # forward and dq do not depend on the routing ...
+    assert rel_err(out, ref) <= EXACT and rel_err(grads[0], ref_grads[0]) <= EXACT
+    # ... but dK/dV of earlier segments lose what later segments sent back
+    errors = [rel_err(grads[i], ref_grads[i]) for i in (1, 2)]
+    WORST["4 negative control (dk, dv) min"] = min(errors)
+    assert min(errors) > 1e-3, errors
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close(grads[1], ref_grads[1], "4 negative control")
+
+
+class TopLeftSDPA(SDPABackend):
+    """A plausible bug: SDPA's is_causal (top-left aligned) with Lq < Lk."""
+
+    def __call__(self, q, k, v, scale):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2],
+        ).transpose(1, 2)
+
+
+def test_segmented_check_fails_with_top_left_mask():
+    plan = PLANS["5-3-4"]
+    inputs, grad_out = attention_inputs(1, 4, 4, plan.seq_len, seed=31)
+    attn = SegmentAwareAttention(TopLeftSDPA())
+    ref, _ = output_and_grads(attn, inputs, grad_out)  # unsplit: Lq == Lk, correct
+    out, _ = SegmentedRun(attn, inputs, plan, KVStore(), 0).run(grad_out)
+    assert rel_err(out, ref) > 1e-3
+
+
+# ---- 5. KV store semantics ------------------------------------------------------
+
+
+def _segment_inputs(plan, segment, batch=2, n_heads=4, n_kv=2, seed=40):
+    (q, k, v), _ = attention_inputs(batch, n_heads, n_kv, plan.seq_len, seed=seed)
+    sl = plan.slices()[segment]
+    return q[:, :, sl], k[:, :, sl], v[:, :, sl]
+
+
+def test_store_writes_are_idempotent():
+    """Re-running a segment's forward (activation-checkpoint recompute) changes
+    nothing and allocates nothing."""
+    plan = PLANS["5-3-4"]
+    attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    kv_bytes = 2 * 2 * plan.seq_len * 2 * 8 * 8  # k and v, (B, S, Hkv, D) float64
+    for j in range(plan.num_segments):
+        with unit_scope(SegmentUnit(0, j, plan, store)):
+            first = attn(*_segment_inputs(plan, j))
+            assert len(store) == 1 and store.nbytes == kv_bytes
+            again = attn(*_segment_inputs(plan, j))
+            assert len(store) == 1 and store.nbytes == kv_bytes
+        assert torch.equal(first, again)
+    assert store.peak_bytes == kv_bytes
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "flash"])
+def test_segmented_with_activation_checkpointing(kind):
+    """Non-reentrant checkpointing recomputes each segment's forward during its
+    backward, after later segments already ran theirs."""
+    attn = SegmentAwareAttention(make_backend(kind)[0])
+
+    def fn(q, k, v):
+        return checkpoint(attn, q, k, v, use_reentrant=False)
+
+    plan = PLANS["5-3-4"]
+    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=41)
+    compare_segmented(fn, inputs, grad_out, plan, f"3 segmented {kind} + checkpoint")
+
+
+def test_store_free_drops_only_that_microbatch():
+    plan = PLANS["5-3-4"]
+    attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    for mb in (0, 1):
+        with unit_scope(SegmentUnit(mb, 0, plan, store)):
+            attn(*_segment_inputs(plan, 0, seed=40 + mb))
+    assert len(store) == 2
+    bytes_per_microbatch = store.nbytes // 2
+    store.free(0)
+    assert len(store) == 1 and store.nbytes == bytes_per_microbatch
+    with unit_scope(SegmentUnit(0, 1, plan, store)), pytest.raises(RuntimeError, match="freed"):
+        attn(*_segment_inputs(plan, 1))
+    with unit_scope(SegmentUnit(1, 1, plan, store)):  # microbatch 1 is intact
+        attn(*_segment_inputs(plan, 1, seed=41))
+    store.free(1)
+    assert len(store) == 0 and store.nbytes == 0
+    assert store.peak_bytes == 2 * bytes_per_microbatch
+
+
+def test_store_rejects_out_of_order_and_wrong_lengths():
+    plan = PLANS["5-3-4"]
+    attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    with unit_scope(SegmentUnit(0, 1, plan, store)), pytest.raises(RuntimeError):
+        attn(*_segment_inputs(plan, 1))
+    assert len(store) == 0
+    q, k, v = _segment_inputs(plan, 1)  # 3 tokens, but segment 0 has 5
+    with unit_scope(SegmentUnit(0, 0, plan, store)), pytest.raises(
+        ValueError, match=re.escape(str(plan))
+    ):
+        attn(q, k, v)
+    assert len(store) == 0
+
+
+def test_store_bytes_track_use_and_free():
+    plan = PLANS["5-3-4"]
+    attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=42)
+    run = SegmentedRun(attn, inputs, plan, store, 0)
+    for j in range(plan.num_segments):
+        run.forward(j)
+    kv_bytes = 2 * 2 * plan.seq_len * 2 * 8 * 8
+    assert store.nbytes == kv_bytes
+    run.backward(2, grad_out)
+    # banked dK/dV cover the prefix before the last segment
+    grad_bytes = 2 * 2 * plan.offsets[-1] * 2 * 8 * 8
+    assert store.nbytes == kv_bytes + grad_bytes
+    run.backward(1, grad_out), run.backward(0, grad_out)
+    assert store.peak_bytes >= kv_bytes > 0
+    store.free(0)
+    assert store.nbytes == 0 and len(store) == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KVStore.peak_bytes is only updated in attach(); dK/dV gradient buffers "
+    "allocated later by _PrefixBuffers.take_grads (during backward) are never counted",
+)
+def test_store_peak_bytes_counts_gradient_buffers():
+    plan = PLANS["5-3-4"]
+    store = KVStore()
+    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=44)
+    run = SegmentedRun(SegmentAwareAttention("sdpa"), inputs, plan, store, 0)
+    for j in range(plan.num_segments):
+        run.forward(j)
+    run.backward(2, grad_out)
+    assert store.peak_bytes >= store.nbytes
+
+
+def test_enable_gqa_keyword_is_accepted():
+    """Drop-in for torchtitan's ScaledDotProductAttentionWrapper call."""
+    plan = PLANS["5-3-4"]
+    (q, k, v), _ = attention_inputs(2, 4, 2, plan.seq_len, seed=45)
+    attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    ref = attn(q, k, v, enable_gqa=True)
+    outs = []
+    for j, sl in enumerate(plan.slices()):
+        with unit_scope(SegmentUnit(0, j, plan, store)):
+            outs.append(attn(q[:, :, sl], k[:, :, sl], v[:, :, sl], enable_gqa=True))
+    assert_close(torch.cat(outs, dim=2), ref, "3 segmented sdpa")
+
+
+def test_attention_outside_unit_leaves_store_alone():
+    plan = PLANS["5-3-4"]
+    store = KVStore()
+    (q, k, v), _ = attention_inputs(1, 4, 4, plan.seq_len, seed=43)
+    out = SegmentAwareAttention("sdpa")(q, k, v)
+    assert out.shape == q.shape and len(store) == 0
+
+
+# ---- 6. backend selection and wrapping ------------------------------------------
+
+
+def test_auto_backend_on_cpu_is_exact_sdpa():
+    for dtype in (F64, torch.float32, torch.bfloat16):
+        q = randn(2, 3, 4, 8, seed=50, dtype=dtype)
+        k, v = randn(2, 9, 2, 8, seed=51, dtype=dtype), randn(2, 9, 2, 8, seed=52, dtype=dtype)
+        auto = resolve_backend("auto")
+        assert auto.supports(q)
+        assert torch.equal(auto(q, k, v, 0.3), SDPABackend()(q, k, v, 0.3))
+    (q, k, v), _ = attention_inputs(1, 4, 2, 12, seed=53)
+    assert torch.equal(SegmentAwareAttention("auto")(q, k, v), SegmentAwareAttention("sdpa")(q, k, v))
+
+
+def test_resolve_backend_names():
+    assert isinstance(resolve_backend("sdpa"), SDPABackend)
+    with pytest.raises(ValueError, match="attention_backend='nope'"):
+        resolve_backend("nope")
+    with pytest.raises(ValueError, match="attention_backend"):
+        SegmentAwareAttention("nope")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("flash_attn") is not None, reason="flash_attn is installed"
+)
+def test_resolve_flash_without_flash_attn():
+    with pytest.raises(ValueError, match=r"attention_backend='flash'.*pip install") as info:
+        resolve_backend("flash")
+    assert "flash_attn" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["flash", "varlen"])
+def test_forced_backend_that_cannot_run_raises(kind):
+    cls = FlashVarlenBackend if kind == "flash" else TorchVarlenBackend
+    attn = SegmentAwareAttention(cls(kernel=FakeFlashVarlen()))  # kernel never reached
+    (q, k, v), _ = attention_inputs(1, 4, 4, 6, seed=54)
+    with pytest.raises(ValueError, match=f"attention_backend='{kind}'"):
+        attn(q, k, v)
+
+
+class _Inner(nn.Module):
+    def forward(self, q, k, v):
+        raise AssertionError("should have been replaced")
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner_attention = _Inner()
+        self.proj = nn.Linear(8, 8)
+
+
+def test_wrap_attention_replaces_matching_modules():
+    model = nn.Sequential(_Block(), _Block(), nn.Linear(8, 8))
+    count = wrap_attention(model, lambda name, m: isinstance(m, _Inner), backend="sdpa")
+    assert count == 2
+    wrapped = [model[i].inner_attention for i in (0, 1)]
+    assert all(isinstance(w, SegmentAwareAttention) for w in wrapped)
+    assert all(isinstance(w.backend, SDPABackend) for w in wrapped)
+    assert wrapped[0] is not wrapped[1]
+    assert isinstance(model[0].proj, nn.Linear) and isinstance(model[2], nn.Linear)
+    assert not any(isinstance(m, _Inner) for m in model.modules())
+    assert wrap_attention(model, lambda name, m: isinstance(m, _Inner)) == 0
+    (q, k, v), _ = attention_inputs(1, 4, 2, 6, seed=55)
+    assert_close(
+        wrapped[0](q, k, v),
+        naive_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None)
+        .transpose(1, 2),
+        "6 wrapped vs naive",
+    )
+
+
+def test_wrap_attention_by_name():
+    model = nn.Sequential(_Block(), _Block())
+    count = wrap_attention(model, lambda name, m: name == "1.inner_attention", backend="sdpa")
+    assert count == 1
+    assert isinstance(model[0].inner_attention, _Inner)
+    assert isinstance(model[1].inner_attention, SegmentAwareAttention)
+
+
+# ---- 7. real kernels on GPU ------------------------------------------------------
+
+_HAS_CUDA = torch.cuda.is_available()
+_HAS_FLASH = importlib.util.find_spec("flash_attn") is not None
+_HAS_TORCH_VARLEN = TorchVarlenBackend.installed()
+
+
+def _assert_bf16_close(actual, expected, what):
+    """bf16 tolerance: 2e-2 of the reference's magnitude (gradients sum many terms)."""
+    atol = 2e-2 * max(1.0, expected.abs().max().item())
+    torch.testing.assert_close(actual.float(), expected, rtol=2e-2, atol=atol, msg=what)
+
+
+def _gpu_segmented_check(backend, device="cuda", dtype=torch.bfloat16):
+    """Real kernel in bf16, segmented, vs unsplit fp32 SDPA on the same bf16 inputs."""
+    plan = SegmentPlan.from_lengths((128, 64, 64))
+    batch, n_heads, n_kv, head_dim = 2, 8, 2, 64
+
+    def cast(x):
+        return x.to(device=device, dtype=dtype)
+
+    (q, k, v), grad_out = attention_inputs(batch, n_heads, n_kv, plan.seq_len, head_dim, seed=60)
+    inputs, grad_out = [cast(x) for x in (q, k, v)], cast(grad_out)
+
+    # kernel level: a 64-token segment against its 192-token prefix
+    bq = cast(randn(batch, 64, n_heads, head_dim, seed=61))
+    bk = cast(randn(batch, 192, n_kv, head_dim, seed=62))
+    bv = cast(randn(batch, 192, n_kv, head_dim, seed=63))
+    expected = SDPABackend()(bq.float(), bk.float(), bv.float(), None)
+    _assert_bf16_close(backend(bq, bk, bv, None), expected, "kernel output")
+
+    ref, ref_grads = output_and_grads(
+        SegmentAwareAttention("sdpa"), [x.float() for x in inputs], grad_out.float()
+    )
+    out, grads = SegmentedRun(SegmentAwareAttention(backend), inputs, plan, KVStore(), 0).run(
+        grad_out
+    )
+    assert out.dtype == dtype
+    _assert_bf16_close(out, ref, "segmented output")
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        _assert_bf16_close(g, rg, f"segmented d{name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (_HAS_CUDA and _HAS_FLASH), reason="needs CUDA and flash_attn")
+def test_gpu_flash_segmented_matches_sdpa():
+    _gpu_segmented_check(FlashVarlenBackend())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (_HAS_CUDA and _HAS_TORCH_VARLEN), reason="needs CUDA and torch.nn.attention.varlen"
+)
+def test_gpu_torch_varlen_segmented_matches_sdpa():
+    _gpu_segmented_check(TorchVarlenBackend())

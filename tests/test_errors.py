@@ -1,0 +1,92 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Bad configurations fail early, clearly, and on every rank (never a hang)."""
+
+import pytest
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+from torchtitan_seq1f1b import ScheduleSeq1F1B, SegmentPlan
+from torchtitan_seq1f1b._torch_compat import ALLOW_UNTESTED_ENV, check_torch_version
+from torchtitan_seq1f1b.examples.tiny_transformer import token_sum_cross_entropy
+
+from tests.harness import Case, RankFailure, run_ranks
+
+CASE = Case(n_microbatches=2, lengths=(6, 4, 2))
+
+
+def _stage(rank: int, world_size: int) -> PipelineStage:
+    return PipelineStage(
+        CASE.model().stage(rank, world_size), rank, world_size, torch.device("cpu")
+    )
+
+
+def _construct(rank, world_size, bad):
+    stage = _stage(rank, world_size)
+    kwargs = dict(n_microbatches=2, segment_plan=CASE.plan, loss_fn=token_sum_cross_entropy)
+    if bad == "plan":
+        kwargs["segment_plan"] = (6, 4, 2)
+    elif bad == "microbatches":
+        kwargs["n_microbatches"] = 0
+    elif bad == "two_stages":
+        stage = [stage, stage]
+    ScheduleSeq1F1B(stage, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "bad,error,match",
+    [
+        ("plan", TypeError, "segment_plan must be a SegmentPlan"),
+        ("microbatches", ValueError, "n_microbatches=0"),
+        ("two_stages", ValueError, "one stage per rank"),
+    ],
+)
+def test_constructor_rejects_bad_config_on_every_rank(bad, error, match):
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_construct, 2, bad, timeout=120)
+    assert set(failure.value.errors) == {0, 1}
+    for message in failure.value.errors.values():
+        assert message.startswith(error.__name__) and match in message
+
+
+def _step_with_bad_input(rank, world_size, bad):
+    schedule = ScheduleSeq1F1B(
+        _stage(rank, world_size), 2, CASE.plan, loss_fn=token_sum_cross_entropy,
+        positions_kwarg="positions",
+    )
+    tokens, target = CASE.batch()
+    if bad == "input":
+        tokens = tokens[:, :-1]
+    elif bad == "target":
+        target = target[:, :-2]
+    is_last = rank == world_size - 1
+    schedule.step(*((tokens,) if rank == 0 else ()), target=target if is_last else None)
+
+
+@pytest.mark.parametrize(
+    "bad,culprit,shape", [("input", 0, "(4, 11)"), ("target", 2, "(4, 10)")]
+)
+def test_bad_step_input_fails_on_every_rank_without_hanging(bad, culprit, shape):
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_step_with_bad_input, 3, bad, timeout=120)
+    assert set(failure.value.errors) == {0, 1, 2}
+    for message in failure.value.errors.values():
+        assert f"pipeline rank {culprit}" in message
+        assert f"of shape {shape} does not have seq_len=12" in message
+
+
+def test_untested_torch_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.delenv(ALLOW_UNTESTED_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=r"tested with torch>=2.13,<2.14.*pip install"):
+        check_torch_version("2.15.0")
+    with pytest.raises(RuntimeError, match=ALLOW_UNTESTED_ENV):
+        check_torch_version("2.12.1+cpu")
+    check_torch_version("2.13.0+cpu")
+    monkeypatch.setenv(ALLOW_UNTESTED_ENV, "1")
+    check_torch_version("2.15.0")
+
+
+def test_segment_plan_must_fit_sequence_length():
+    with pytest.raises(ValueError, match="seq_len"):
+        SegmentPlan.uniform(10, 11)

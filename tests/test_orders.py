@@ -1,0 +1,130 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Seq1F1B compute orders, the segment action type and the order checker."""
+
+import itertools
+import pytest
+from torch.distributed.pipelining import Schedule1F1B
+
+from torchtitan_seq1f1b import SegmentAction, ScheduleOrderError, seq1f1b_order, validate_order
+
+GRID = list(itertools.product(range(1, 9), range(1, 9), range(1, 9)))
+
+
+def _order(rows: dict[int, str]) -> dict[int, list[SegmentAction]]:
+    return {r: [SegmentAction.from_str(a) for a in row.split()] for r, row in rows.items()}
+
+
+def test_paper_example_p4_m2_k4():
+    expected = _order({
+        0: "0F0.0 0F0.1 0F0.2 0F0.3 0F1.0 0F1.1 0F1.2 0B0.3 0F1.3 0B0.2 0B0.1 0B0.0 0B1.3 0B1.2 0B1.1 0B1.0",
+        1: "1F0.0 1F0.1 1F0.2 1F0.3 1F1.0 1F1.1 1B0.3 1F1.2 1B0.2 1F1.3 1B0.1 1B0.0 1B1.3 1B1.2 1B1.1 1B1.0",
+        2: "2F0.0 2F0.1 2F0.2 2F0.3 2F1.0 2B0.3 2F1.1 2B0.2 2F1.2 2B0.1 2F1.3 2B0.0 2B1.3 2B1.2 2B1.1 2B1.0",
+        3: "3F0.0 3F0.1 3F0.2 3F0.3 3B0.3 3F1.0 3B0.2 3F1.1 3B0.1 3F1.2 3B0.0 3F1.3 3B1.3 3B1.2 3B1.1 3B1.0",
+    })
+    assert seq1f1b_order(4, 2, 4) == expected
+
+
+@pytest.mark.parametrize("p,m,k", GRID, ids=lambda v: str(v))
+def test_every_generated_order_is_valid(p, m, k):
+    order = seq1f1b_order(p, m, k)
+    validate_order(order, p, m, k)
+    for rank, actions in order.items():
+        # Warmup forwards, plus the first steady-state forward if there is one.
+        forwards_first = next(i for i, a in enumerate(actions) if a.kind == "B")
+        assert forwards_first == min(m * k, (p - rank - 1) + (k - 1) + 1)
+
+
+class _RecordingStage:
+    """Just enough of a stage for torch's 1F1B loop to run; records compute calls."""
+
+    def __init__(self, stage_index: int, num_stages: int):
+        self.stage_index, self.num_stages = stage_index, num_stages
+        self.is_last = stage_index == num_stages - 1
+        self.calls: list[SegmentAction] = []
+
+    def forward_one_chunk(self, mb, *args, **kwargs):
+        self.calls.append(SegmentAction(self.stage_index, "F", mb, 0))
+
+    def backward_one_chunk(self, mb, **kwargs):
+        self.calls.append(SegmentAction(self.stage_index, "B", mb, 0))
+
+    def get_fwd_recv_ops(self, mb):
+        return []
+
+    get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = get_fwd_recv_ops
+
+    def perform_reduce_grad(self, factor):
+        pass
+
+
+class _TracedSchedule1F1B(Schedule1F1B):
+    def _initialize_stage(self, *args, **kwargs):
+        pass
+
+
+@pytest.mark.parametrize("p,m", [(p, m) for p in range(1, 9) for m in range(p, 9)])
+def test_one_segment_is_torch_1f1b(p, m):
+    """k=1 runs exactly the compute sequence torch's own 1F1B loop executes."""
+    for rank in range(p):
+        stage = _RecordingStage(rank, p)
+        _TracedSchedule1F1B(stage, m)._step_microbatches([()] * m, [{}] * m)
+        assert seq1f1b_order(p, m, 1)[rank] == stage.calls
+
+
+def test_segment_action_string_round_trip():
+    action = SegmentAction(0, "F", 1, 2)
+    assert str(action) == "0F1.2"
+    assert SegmentAction.from_str("0F1.2") == action
+    lowered = action.lower(num_segments=4)
+    assert (lowered.stage_index, lowered.microbatch_index) == (0, 6)
+    assert SegmentAction.from_action(lowered, num_segments=4) == action
+
+
+@pytest.mark.parametrize("text", ["0F1", "F1.2", "0X1.2", "0F1.2.3", ""])
+def test_segment_action_rejects_bad_strings(text):
+    with pytest.raises(ValueError, match="not a segment action"):
+        SegmentAction.from_str(text)
+
+
+def test_segment_action_rejects_bad_fields():
+    with pytest.raises(ValueError, match="kind"):
+        SegmentAction(0, "Q", 0, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        SegmentAction(0, "F", 0, 4).lower(num_segments=4)
+
+
+def _mutated(p, m, k, rank, mutate):
+    order = seq1f1b_order(p, m, k)
+    order[rank] = mutate(list(order[rank]))
+    return order
+
+
+def _swap(actions, first, second):
+    i, j = actions.index(SegmentAction.from_str(first)), actions.index(SegmentAction.from_str(second))
+    actions[i], actions[j] = actions[j], actions[i]
+    return actions
+
+
+@pytest.mark.parametrize(
+    "order,match",
+    [
+        (_mutated(2, 2, 3, 0, lambda a: _swap(a, "0B0.2", "0B0.1")), "last to first"),
+        (_mutated(2, 2, 3, 1, lambda a: _swap(a, "1F0.0", "1F0.1")), "order"),
+        (_mutated(2, 2, 3, 1, lambda a: a[:-1]), "exactly one backward"),
+        (_mutated(2, 2, 3, 1, lambda a: a + [a[0]]), "runs twice"),
+        (_mutated(2, 2, 3, 0, lambda a: [SegmentAction(1, x.kind, *x.unit) for x in a]), "another rank"),
+        (
+            _order({0: "0F0.0 0B0.0 0F1.0 0B1.0", 1: "1F0.0 1F1.0 1B0.0 1B1.0"}),
+            "deadlock",
+        ),
+    ],
+    ids=["segment-backward-order", "forward-order", "missing-backward", "duplicate", "wrong-rank", "deadlock"],
+)
+def test_checker_rejects_bad_orders(order, match):
+    p = len(order)
+    m = 1 + max(a.microbatch for acts in order.values() for a in acts)
+    k = 1 + max(a.segment for acts in order.values() for a in acts)
+    with pytest.raises(ScheduleOrderError, match=match):
+        validate_order(order, p, m, k)

@@ -1,0 +1,22 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Seq1F1B (sequence-level 1F1B pipeline parallelism) for torchtitan."""
+
+from torchtitan_seq1f1b.actions import SegmentAction
+from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.orders import ScheduleOrderError, seq1f1b_order, validate_order
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+
+__all__ = [
+    "ScheduleOrderError",
+    "ScheduleSeq1F1B",
+    "SegmentAction",
+    "SegmentAwareAttention",
+    "SegmentPlan",
+    "TransformerCost",
+    "seq1f1b_order",
+    "validate_order",
+    "wrap_attention",
+]

@@ -1,0 +1,91 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Segment-aware causal attention.
+
+``SegmentAwareAttention`` replaces a model's inner attention op (the part that
+takes q, k, v after RoPE and the head split). Inside a Seq1F1B unit it lets the
+running segment attend to the K/V of all earlier segments of its microbatch;
+anywhere else it is plain causal attention over the sequence it is given, so
+the same model also trains unsplit.
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from torchtitan_seq1f1b.attention_backends import AttentionBackend, resolve_backend
+from torchtitan_seq1f1b.kv_store import active_unit
+
+__all__ = ["SegmentAwareAttention", "wrap_attention"]
+
+
+class SegmentAwareAttention(nn.Module):
+    """Causal attention that spans segments of a Seq1F1B microbatch.
+
+    Args:
+        backend: "auto" (flash-attn varlen, then torch varlen, on CUDA with
+            fp16/bf16; exact SDPA otherwise), "flash", "varlen", "sdpa", or an
+            ``AttentionBackend`` instance.
+        scale: softmax scale; ``None`` means 1/sqrt(head_dim).
+    """
+
+    def __init__(self, backend: str | AttentionBackend = "auto", scale: float | None = None):
+        super().__init__()
+        self.backend = resolve_backend(backend) if isinstance(backend, str) else backend
+        self.scale = scale
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        """
+        Args:
+            q: (batch, n_heads, seq_len, head_dim), RoPE applied at global positions.
+            k, v: (batch, n_kv_heads, seq_len, head_dim).
+            enable_gqa: accepted for drop-in compatibility with torchtitan's
+                attention wrappers; GQA follows from the head counts.
+
+        Returns:
+            (batch, n_heads, seq_len, head_dim)
+        """
+        if not self.backend.supports(q):
+            raise ValueError(
+                f"attention_backend={self.backend.name!r} cannot run on "
+                f"{q.device.type} {q.dtype} tensors; use attention_backend='auto' "
+                "or 'sdpa'"
+            )
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        unit = active_unit()
+        if unit is not None:
+            k, v = unit.store.attach(self, unit, k, v)
+        return self.backend(q, k, v, self.scale).transpose(1, 2)
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend.name}"
+
+
+def wrap_attention(
+    model: nn.Module,
+    is_attention: Callable[[str, nn.Module], bool],
+    backend: str | AttentionBackend = "auto",
+) -> int:
+    """Replace every submodule selected by ``is_attention(name, module)`` in place.
+
+    Returns the number of modules replaced; each replacement shares nothing with
+    the others, so each keeps its own K/V per microbatch.
+    """
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if name and is_attention(name, module)
+    ]
+    for name, _ in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, SegmentAwareAttention(backend))
+    return len(targets)

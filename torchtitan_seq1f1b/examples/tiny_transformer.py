@@ -1,0 +1,155 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""A small llama-style causal transformer that splits into pipeline stages.
+
+It uses global RoPE positions, GQA, SwiGLU and RMSNorm like torchtitan's
+llama3, with :class:`SegmentAwareAttention` as its attention op, so the same
+weights train unsplit (positions default to 0..L-1) and under Seq1F1B.
+"""
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from torchtitan_seq1f1b.attention import SegmentAwareAttention
+from torchtitan_seq1f1b.segmenting import TransformerCost
+
+__all__ = ["TinyTransformer", "TinyTransformerArgs", "token_sum_cross_entropy"]
+
+
+@dataclass(frozen=True)
+class TinyTransformerArgs:
+    vocab_size: int = 64
+    dim: int = 32
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    ffn_hidden_dim: int = 64
+    rope_theta: float = 10000.0
+    activation_checkpoint: bool = False
+    attention_backend: str = "auto"
+
+    def cost(self) -> TransformerCost:
+        """Cost model for computation-balanced segment plans."""
+        return TransformerCost(
+            n_layers=self.n_layers,
+            dim=self.dim,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            ffn_hidden_dim=self.ffn_hidden_dim,
+            vocab_size=self.vocab_size,
+            gated_mlp=True,
+        )
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE on x: (batch, seq_len, heads, head_dim) at positions: (1 or batch, seq_len)."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, device=x.device, dtype=x.dtype) / half)
+    angles = positions.to(x.dtype)[..., None] * freqs  # (b, seq_len, half)
+    cos, sin = angles.cos()[:, :, None], angles.sin()[:, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: TinyTransformerArgs):
+        super().__init__()
+        self.head_dim = args.dim // args.n_heads
+        self.theta = args.rope_theta
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.inner_attention = SegmentAwareAttention(args.attention_backend)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.wq(x).view(batch, seq_len, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim)
+        q, k = _rotate(q, positions, self.theta), _rotate(k, positions, self.theta)
+        out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, args: TinyTransformerArgs):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(args.dim)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.dim)
+        self.w1 = nn.Linear(args.dim, args.ffn_hidden_dim, bias=False)
+        self.w2 = nn.Linear(args.ffn_hidden_dim, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, args.ffn_hidden_dim, bias=False)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = h + self.attention(self.attention_norm(h), positions)
+        x = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TinyTransformer(nn.Module):
+    """tokens (batch, seq_len) -> logits (batch, seq_len, vocab_size).
+
+    Pipeline stages come from :meth:`stage`: a copy holding a contiguous range
+    of layers, with the embedding on the first and norm/output on the last.
+    Middle stages map hidden states (batch, seq_len, dim) to hidden states.
+    """
+
+    def __init__(self, args: TinyTransformerArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device)[None]
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for block in self.layers.values():
+            if self.args.activation_checkpoint and torch.is_grad_enabled():
+                h = checkpoint(block, h, positions, use_reentrant=False)
+            else:
+                h = block(h, positions)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    def stage(self, stage_index: int, num_stages: int) -> "TinyTransformer":
+        """This model's part for ``stage_index`` of ``num_stages`` (layers split evenly)."""
+        if self.args.n_layers < num_stages:
+            raise ValueError(
+                f"n_layers={self.args.n_layers} cannot fill {num_stages} stages"
+            )
+        part = copy.deepcopy(self)
+        bounds = [round(s * self.args.n_layers / num_stages) for s in range(num_stages + 1)]
+        keep = {str(i) for i in range(bounds[stage_index], bounds[stage_index + 1])}
+        for name in list(part.layers):
+            if name not in keep:
+                del part.layers[name]
+        if stage_index > 0:
+            part.tok_embeddings = None
+        if stage_index < num_stages - 1:
+            part.norm = None
+            part.output = None
+        return part
+
+
+def token_sum_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Sum (not mean) of token cross-entropies; Seq1F1B normalises per step.
+
+    logits: (batch, seq_len, vocab_size); target: (batch, seq_len), -100 ignored.
+    """
+    return F.cross_entropy(
+        logits.flatten(0, 1).float() if logits.dtype in (torch.float16, torch.bfloat16) else logits.flatten(0, 1),
+        target.flatten(0, 1),
+        reduction="sum",
+        ignore_index=-100,
+    )

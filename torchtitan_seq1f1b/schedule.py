@@ -1,0 +1,329 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""``ScheduleSeq1F1B``: 1F1B over (microbatch, sequence segment) units.
+
+Each microbatch is cut into the segments of a :class:`SegmentPlan` and the
+pipeline runs segments as its units of work (arXiv 2406.03488). Rank 0 then
+holds ``(p + k - 1) / k`` microbatches of activations instead of 1F1B's ``p``,
+and the bubble shrinks from ``(p-1)/(m+p-1)`` to ``(p-1)/(m*k+p-1)``.
+Gradients equal those of unsplit training: attention layers wrapped in
+:class:`SegmentAwareAttention` see every earlier segment of their microbatch.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining.microbatch import (
+    merge_chunks,
+    split_args_kwargs_into_chunks,
+    TensorChunkSpec,
+)
+from torch.distributed.pipelining.stage import _PipelineStageBase
+
+from torchtitan_seq1f1b._torch_compat import (
+    _PipelineScheduleRuntime,
+    resize_recv_buffers,
+    runtime_validation_disabled,
+    wrap_stage_compute,
+)
+from torchtitan_seq1f1b.actions import SegmentAction
+from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, unit_scope
+from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+__all__ = ["ScheduleSeq1F1B"]
+
+
+class ScheduleSeq1F1B(_PipelineScheduleRuntime):
+    """Seq1F1B with one pipeline stage per rank.
+
+    Constructed and stepped like torch's schedules: ``step(*args, target=...,
+    losses=..., **kwargs)`` takes whole batches, splits them into
+    ``n_microbatches`` along the batch dim and each microbatch into the plan's
+    segments along ``seq_dim``; targets and sequence-shaped keyword tensors
+    are cut the same way. ``losses`` receives one value per real microbatch.
+
+    Args:
+        stages: this rank's stage (a one-element list, or the stage itself).
+        n_microbatches: real microbatches per step (m).
+        segment_plan: how every sequence is cut (k = ``segment_plan.num_segments``).
+        loss_fn: ``loss_fn(output, target) -> tensor`` returning the *sum* of
+            the per-token losses of a segment. A mean per segment would weight
+            tokens unequally across segments.
+        scale_grads: divide every segment's loss by the step's number of
+            valid target tokens (``target != ignore_index``) so gradients are
+            those of the mean loss of the unsplit batch; ``False`` keeps sums.
+        seq_dim: sequence dim of inputs, targets and stage activations.
+        positions_kwarg: keyword through which the model takes global token
+            positions (RoPE). When set and the caller passes none, each unit
+            gets ``offset_j + arange(len_j)`` of shape (1, len_j).
+        ignore_index: target value that does not count as a token.
+    """
+
+    def __init__(
+        self,
+        stages: list[_PipelineStageBase] | _PipelineStageBase,
+        n_microbatches: int,
+        segment_plan: SegmentPlan,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        args_chunk_spec: tuple[TensorChunkSpec, ...] | None = None,
+        kwargs_chunk_spec: dict[str, TensorChunkSpec] | None = None,
+        output_merge_spec: dict[str, Any] | tuple[Any] | None = None,
+        scale_grads: bool = True,
+        seq_dim: int = 1,
+        positions_kwarg: str | None = None,
+        ignore_index: int = -100,
+    ):
+        stages = [stages] if isinstance(stages, _PipelineStageBase) else list(stages)
+        _check_config(stages, n_microbatches, segment_plan)
+        self.segment_plan = segment_plan
+        self.num_segments = segment_plan.num_segments
+        self.n_real_microbatches = n_microbatches
+        super().__init__(
+            stages=stages,
+            n_microbatches=n_microbatches * self.num_segments,
+            loss_fn=loss_fn,
+            args_chunk_spec=args_chunk_spec,
+            kwargs_chunk_spec=kwargs_chunk_spec,
+            output_merge_spec=output_merge_spec,
+            # Normalisation happens per segment loss (see _compute_loss); the
+            # runtime must not divide again by the virtual microbatch count.
+            scale_grads=False,
+        )
+        self._normalize_loss = scale_grads
+        self._loss_normalizer = 1.0
+        self._seq_dim = seq_dim
+        self._positions_kwarg = positions_kwarg
+        self._ignore_index = ignore_index
+        self.kv_stores = {stage.stage_index: KVStore() for stage in stages}
+        for stage in stages:
+            wrap_stage_compute(stage, self._unit_scope)
+
+        self.segment_order = self._build_segment_order()
+        validate_order(
+            self.segment_order, self._num_stages, n_microbatches, self.num_segments
+        )
+        self.pipeline_order = lower_order(self.segment_order, self.num_segments)
+        self._prepare_schedule_with_comms(self.pipeline_order)
+
+    def _build_segment_order(self) -> dict[int, list[SegmentAction]]:
+        return seq1f1b_order(
+            self._num_stages, self.n_real_microbatches, self.num_segments
+        )
+
+    @property
+    def _chunk_seq_lens(self) -> list[int]:
+        return list(self.segment_plan.lengths) * self.n_real_microbatches
+
+    # ---- per-unit context -------------------------------------------------
+
+    @contextlib.contextmanager
+    def _unit_scope(
+        self, stage: _PipelineStageBase, chunk_id: int, kind: str
+    ) -> Iterator[None]:
+        microbatch, segment = divmod(chunk_id, self.num_segments)
+        store = self.kv_stores[stage.stage_index]
+        unit = SegmentUnit(microbatch, segment, self.segment_plan, store)
+        uneven = len(set(self.segment_plan.lengths)) > 1
+        with unit_scope(unit), (
+            runtime_validation_disabled(stage) if uneven else contextlib.nullcontext()
+        ):
+            yield
+        if kind == "F" and not stage.is_last:
+            self._check_segment_outputs(stage, chunk_id, segment)
+        last_segment_done = (
+            (kind in ("B", "W") and segment == 0)
+            or (kind == "F" and not stage.has_backward and segment == self.num_segments - 1)
+        )
+        if last_segment_done:
+            store.free(microbatch)
+
+    def _check_segment_outputs(
+        self, stage: _PipelineStageBase, chunk_id: int, segment: int
+    ) -> None:
+        expected = self.segment_plan.lengths[segment]
+        outputs, _ = stage.fwd_cache[chunk_id]
+        for output in outputs:
+            if isinstance(output, torch.Tensor) and output.shape[self._seq_dim] != expected:
+                if isinstance(output, torch.distributed.tensor.DTensor):
+                    continue  # global length checked by DTensor metadata
+                raise ValueError(
+                    f"stage {stage.stage_index} produced an output of shape "
+                    f"{tuple(output.shape)} for segment {segment} of {self.segment_plan}; "
+                    f"stage outputs must keep the segment's {expected} tokens on "
+                    f"dim seq_dim={self._seq_dim}"
+                )
+
+    # ---- torch runtime hooks ------------------------------------------------
+
+    def _initialize_stages(self, args, kwargs, target=None, loss_kwargs=None):
+        super()._initialize_stages(args, kwargs, target, loss_kwargs)
+        for stage in self._stages:
+            resize_recv_buffers(stage, self._chunk_seq_lens, self._seq_dim)
+
+    def _compute_loss(self, output, target, loss_kwargs=None):
+        loss = super()._compute_loss(output, target, loss_kwargs)
+        return loss / self._loss_normalizer
+
+    def _update_losses(self, stages, losses):
+        """Report one loss per real microbatch: the sum over its segments."""
+        if self._internal_losses:
+            k = self.num_segments
+            self._internal_losses = [
+                torch.stack([loss.detach() for loss in self._internal_losses[i : i + k]]).sum()
+                for i in range(0, len(self._internal_losses), k)
+            ]
+        saved, self._n_microbatches = self._n_microbatches, self.n_real_microbatches
+        try:
+            super()._update_losses(stages, losses)
+        finally:
+            self._n_microbatches = saved
+
+    # ---- step -------------------------------------------------------------------
+
+    def step(
+        self,
+        *args,
+        target=None,
+        losses: list | None = None,
+        return_outputs: bool = True,
+        loss_kwargs: dict[str, Any] | None = None,
+        **kwargs,
+    ):
+        """One pipeline step over whole-batch inputs; see the class docstring."""
+        if self._has_backward and not torch.is_grad_enabled():
+            raise RuntimeError(
+                "step() runs backward and cannot be used under torch.no_grad(); "
+                "call eval() instead"
+            )
+        self._raise_on_any_rank(self._input_error(args, target))
+        for stage in self._stages:
+            stage.has_backward = self._has_backward
+            stage.clear_runtime_states()
+        for store in self.kv_stores.values():
+            store.clear()
+
+        m = self.n_real_microbatches
+        args_mbs, kwargs_mbs = (
+            split_args_kwargs_into_chunks(
+                args, kwargs, m, self._args_chunk_spec, self._kwargs_chunk_spec
+            )
+            if args or kwargs
+            else ([()] * m, [{}] * m)
+        )
+        arg_units = [u for mb in args_mbs for u in self._segment_args(mb)]
+        kwarg_units = [u for mb in kwargs_mbs for u in self._segment_kwargs(mb)]
+        target_units = None
+        if target is not None:
+            valid_tokens = int((target != self._ignore_index).sum())
+            self._loss_normalizer = float(max(valid_tokens, 1)) if self._normalize_loss else 1.0
+            target_mbs, _ = split_args_kwargs_into_chunks((target,), None, m)
+            target_units = [u[0] for mb in target_mbs for u in self._segment_args(mb)]
+
+        self._step_microbatches(
+            arg_units, kwarg_units, target_units, losses, return_outputs, loss_kwargs
+        )
+        for stage in self._stages:
+            if stage.is_last and return_outputs:
+                return self._merge_segment_outputs(stage.output_chunks)
+        return None
+
+    def _input_error(self, args: tuple, target: Any) -> str | None:
+        """Why this rank's step inputs do not fit the segment plan, if they do not."""
+        named = [("target", target)] + [(f"input {i}", a) for i, a in enumerate(args)]
+        for what, tensor in named:
+            if isinstance(tensor, torch.Tensor) and not self._is_sequence_shaped(tensor):
+                return (
+                    f"{what} of shape {tuple(tensor.shape)} does not have "
+                    f"seq_len={self.segment_plan.seq_len} tokens on dim "
+                    f"seq_dim={self._seq_dim}; build the SegmentPlan for the "
+                    "training sequence length"
+                )
+        return None
+
+    def _raise_on_any_rank(self, error: str | None) -> None:
+        """Raise on every pipeline rank if any rank's inputs are bad.
+
+        Only the first stage sees inputs and only the last sees targets; the
+        others would otherwise wait forever for activations that never come.
+        """
+        stage = self._stages[0]
+        flag = torch.tensor([error is not None], dtype=torch.int32, device=stage.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=stage.group)
+        if flag.item() == 0:
+            return
+        errors: list = [None] * dist.get_world_size(stage.group)
+        dist.all_gather_object(errors, error, group=stage.group)
+        rank, message = next((r, e) for r, e in enumerate(errors) if e is not None)
+        raise ValueError(f"ScheduleSeq1F1B.step: pipeline rank {rank}: {message}")
+
+    def _split_seq(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.split(tensor, self.segment_plan.lengths, dim=self._seq_dim)
+
+    def _is_sequence_shaped(self, value: Any) -> bool:
+        return (
+            isinstance(value, torch.Tensor)
+            and value.dim() > self._seq_dim
+            and value.shape[self._seq_dim] == self.segment_plan.seq_len
+        )
+
+    def _segment_args(self, mb_args: tuple) -> list[tuple]:
+        """One microbatch's positional args -> one tuple per segment."""
+        per_arg = [
+            self._split_seq(a) if isinstance(a, torch.Tensor) else (a,) * self.num_segments
+            for a in mb_args
+        ]
+        return [tuple(arg[j] for arg in per_arg) for j in range(self.num_segments)]
+
+    def _segment_kwargs(self, mb_kwargs: dict) -> list[dict]:
+        """One microbatch's keyword args -> one dict per segment, positions added."""
+        units: list[dict] = [{} for _ in range(self.num_segments)]
+        for name, value in mb_kwargs.items():
+            parts = (
+                self._split_seq(value)
+                if self._is_sequence_shaped(value)
+                else (value,) * self.num_segments
+            )
+            for unit, part in zip(units, parts):
+                unit[name] = part
+        if self._positions_kwarg and self._positions_kwarg not in mb_kwargs:
+            device = self._stages[0].device
+            plan = self.segment_plan
+            for unit, start, end in zip(units, plan.offsets, plan.ends):
+                unit[self._positions_kwarg] = torch.arange(start, end, device=device)[None]
+        return units
+
+    def _merge_segment_outputs(self, output_chunks: list) -> Any:
+        k = self.num_segments
+        per_microbatch = [
+            torch.cat(output_chunks[i : i + k], dim=self._seq_dim)
+            for i in range(0, len(output_chunks), k)
+        ]
+        return merge_chunks(per_microbatch, self._output_merge_spec)
+
+
+def _check_config(
+    stages: list[_PipelineStageBase], n_microbatches: int, segment_plan: SegmentPlan
+) -> None:
+    """Reject bad configurations before any collective runs."""
+    if not isinstance(segment_plan, SegmentPlan):
+        raise TypeError(
+            f"segment_plan must be a SegmentPlan, got {type(segment_plan).__name__}; "
+            "build one with SegmentPlan.uniform or SegmentPlan.balanced"
+        )
+    if n_microbatches < 1:
+        raise ValueError(f"n_microbatches={n_microbatches} must be >= 1")
+    if len(stages) != 1:
+        raise ValueError(
+            f"ScheduleSeq1F1B runs one stage per rank but got {len(stages)} stages"
+        )
+    stage = stages[0]
+    if stage.num_stages != stage.group_size:
+        raise ValueError(
+            f"ScheduleSeq1F1B needs num_stages == pipeline group size; got "
+            f"{stage.num_stages} stages on {stage.group_size} ranks"
+        )

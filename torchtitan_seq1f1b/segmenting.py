@@ -1,0 +1,270 @@
+"""How a sequence is cut into Seq1F1B segments.
+
+Seq1F1B (arXiv 2406.03488) pipelines each micro-batch as ``k`` consecutive
+segments along the sequence. Under causal attention a segment attends to all
+tokens before it, so equal-length segments cost more the later they sit (7B at
+32k tokens, ``k=4``: the last does ~1.3x the mean work and paces the pipeline).
+:meth:`SegmentPlan.balanced` picks lengths that equalise forward FLOPs instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Protocol
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class SegmentCost(Protocol):
+    """What :meth:`SegmentPlan.balanced` needs: a segment's cost, quadratic in its length."""
+
+    def forward_flops(self, length: int, end: int) -> int:
+        """FLOPs of the forward pass over tokens ``[end - length, end)``."""
+
+    def flops_coefficients(self, end: int) -> tuple[float, float]:
+        """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``."""
+
+
+@dataclass(frozen=True)
+class TransformerCost:
+    """Forward FLOPs of a decoder-only transformer (Llama-style) per segment.
+
+    Args:
+        n_layers: number of transformer blocks ``L``.
+        dim: model width ``H``.
+        n_heads: query heads ``h``; the head dim is ``d = H // h``.
+        n_kv_heads: key/value heads ``g`` (``g == h`` is MHA, ``g < h`` is GQA).
+        ffn_hidden_dim: MLP hidden width ``F``.
+        vocab_size: output vocabulary ``V`` of the LM head.
+        gated_mlp: SwiGLU-style MLP with three ``H x F`` matrices instead of two.
+    """
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden_dim: int
+    vocab_size: int
+    gated_mlp: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        for whole, part in (("dim", "n_heads"), ("n_heads", "n_kv_heads")):
+            if getattr(self, whole) % getattr(self, part):
+                raise ValueError(
+                    f"{whole}={getattr(self, whole)} is not divisible by "
+                    f"{part}={getattr(self, part)}; pick {part} that divides {whole}"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def forward_flops(self, length: int, end: int) -> int:
+        """Exact forward FLOPs (2 per multiply-add) of tokens ``[end - length, end)``.
+
+        Each query at absolute position ``t`` attends the ``t + 1`` keys of its
+        whole causal prefix, so with ``s = length`` and ``P = end``::
+
+            per layer:  4 s H^2                          # Q and O projections
+                      + 4 s H g d                        # K and V projections
+                      + 4 h d (s P - s (s - 1) / 2)      # QK^T and AV
+                      + (3 if gated else 2) * 2 s H F    # MLP
+            total:      L * per_layer + 2 s H V          # + LM head
+
+        Summing this over any split of ``[0, P)`` gives ``forward_flops(P, P)``.
+        """
+        if not (_is_int(length) and _is_int(end) and 0 < length <= end):
+            raise ValueError(f"need ints 0 < length <= end, got length={length!r}, end={end!r}")
+        per_token, per_query_key = self._flop_rates()
+        keys_attended = length * end - length * (length - 1) // 2
+        return length * per_token + keys_attended * per_query_key
+
+    def flops_coefficients(self, end: int) -> tuple[float, float]:
+        """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``; ``a < 0``.
+
+        ``a`` is negative because a longer segment ending at the same ``end``
+        reaches back to earlier, cheaper positions.
+        """
+        per_token, per_query_key = self._flop_rates()
+        return -per_query_key / 2, per_token + per_query_key * (end + 0.5)
+
+    def _flop_rates(self) -> tuple[int, int]:
+        """FLOPs per token (projections, MLP, LM head) and per attended (query, key) pair."""
+        per_layer_token = (
+            4 * self.dim * self.dim
+            + 4 * self.dim * self.n_kv_heads * self.head_dim
+            + (3 if self.gated_mlp else 2) * 2 * self.dim * self.ffn_hidden_dim
+        )
+        per_token = self.n_layers * per_layer_token + 2 * self.dim * self.vocab_size
+        return per_token, self.n_layers * 4 * self.n_heads * self.head_dim
+
+
+def _check_split(seq_len: int, num_segments: int, align: int) -> None:
+    for name, value in (("num_segments", num_segments), ("seq_len", seq_len), ("align", align)):
+        if not _is_int(value) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    if seq_len % align:
+        raise ValueError(
+            f"seq_len={seq_len} is not a multiple of align={align}; "
+            f"pick a seq_len divisible by {align}"
+        )
+    if num_segments > seq_len // align:
+        raise ValueError(
+            f"num_segments={num_segments} is too large: seq_len={seq_len} holds at most "
+            f"{seq_len // align} segments of at least align={align} tokens; "
+            f"use num_segments <= {seq_len // align}"
+        )
+
+
+def _check_lengths(lengths: tuple[int, ...]) -> None:
+    if not lengths or not all(_is_int(n) and n > 0 for n in lengths):
+        raise ValueError(f"lengths={list(lengths)} must be a non-empty list of positive ints")
+
+
+def _fit_from_end(
+    seq_len: int, num_segments: int, cost: SegmentCost, align: int, budget: int
+) -> tuple[int, ...]:
+    """Lengths with each segment, from the last back, as long as ``budget`` FLOPs allow.
+
+    Every segment keeps at least ``align`` tokens; only the first may exceed ``budget``.
+    Taking the longest segment each time is optimal: it leaves the shortest prefix, and
+    a shorter prefix is never harder to split (a segment costs less the earlier it ends).
+    """
+    end, lengths = seq_len, []
+    for segments_before in range(num_segments - 1, 0, -1):
+        # Root of a s^2 + b s = budget. 2 budget / (b + sqrt(..)) avoids the cancellation
+        # of (-b + sqrt(..)) / 2a when |a| is small; with no root, the whole prefix fits.
+        a, b = cost.flops_coefficients(end)
+        discriminant = b * b + 4 * a * budget
+        exact = 2 * budget / (b + math.sqrt(discriminant)) if discriminant >= 0 else end
+        most = end // align - segments_before
+        units = min(max(math.floor(exact / align), 1), most)
+        # The float root can land one unit off; settle it with exact integer FLOPs.
+        while units > 1 and cost.forward_flops(units * align, end) > budget:
+            units -= 1
+        while units < most and cost.forward_flops((units + 1) * align, end) <= budget:
+            units += 1
+        lengths.append(units * align)
+        end -= units * align
+    lengths.append(end)
+    return tuple(reversed(lengths))
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Lengths of the ``num_segments`` consecutive segments covering ``[0, seq_len)``.
+
+    Args:
+        seq_len: tokens per sample.
+        lengths: tokens per segment, in sequence order; must sum to ``seq_len``.
+    """
+
+    seq_len: int
+    lengths: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(self.lengths))
+        if not _is_int(self.seq_len) or self.seq_len < 1:
+            raise ValueError(f"seq_len={self.seq_len!r} must be a positive int")
+        _check_lengths(self.lengths)
+        if sum(self.lengths) != self.seq_len:
+            raise ValueError(
+                f"lengths={list(self.lengths)} sum to {sum(self.lengths)}, "
+                f"not seq_len={self.seq_len}"
+            )
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Start position of each segment; ``offsets[0] == 0``."""
+        return (0, *accumulate(self.lengths[:-1]))
+
+    @property
+    def ends(self) -> tuple[int, ...]:
+        """Exclusive end position of each segment; ``ends[-1] == seq_len``."""
+        return tuple(accumulate(self.lengths))
+
+    def slices(self) -> tuple[slice, ...]:
+        """One ``slice`` per segment, for indexing the sequence dimension."""
+        return tuple(slice(start, end) for start, end in zip(self.offsets, self.ends))
+
+    def segment_flops(self, cost: SegmentCost) -> tuple[int, ...]:
+        """Forward FLOPs of each segment under ``cost``."""
+        return tuple(cost.forward_flops(n, end) for n, end in zip(self.lengths, self.ends))
+
+    def __str__(self) -> str:
+        return f"SegmentPlan(seq_len={self.seq_len}, lengths={list(self.lengths)})"
+
+    @classmethod
+    def uniform(cls, seq_len: int, num_segments: int, align: int = 1) -> SegmentPlan:
+        """Lengths as equal as possible, each a multiple of ``align``.
+
+        Leftover ``align``-sized units go to the earliest segments, which are
+        the cheapest per token under causal attention.
+        """
+        _check_split(seq_len, num_segments, align)
+        base, extra = divmod(seq_len // align, num_segments)
+        units = [base + 1] * extra + [base] * (num_segments - extra)
+        return cls(seq_len, tuple(u * align for u in units))
+
+    @classmethod
+    def balanced(
+        cls, seq_len: int, num_segments: int, cost: SegmentCost, align: int = 1
+    ) -> SegmentPlan:
+        """Lengths (multiples of ``align``) that equalise forward FLOPs across segments.
+
+        The costliest segment paces the pipeline, so this returns a plan whose
+        largest ``cost.forward_flops`` is the smallest any ``align``-multiple plan
+        can reach (hence never above :meth:`uniform`'s). Causal cost is additive,
+        so that largest cost is at least ``T = forward_flops(seq_len, seq_len) /
+        num_segments``. For a FLOP budget ``B``, segments are fitted from the last
+        back, each the longest (closed form) that costs at most ``B``; bisection
+        over integer ``B`` in ``[T, uniform's max]`` finds the least ``B`` that
+        the first segment fits too. With ``align=1`` that ``B`` is ``T`` to within
+        a few tokens' FLOPs.
+        """
+        _check_split(seq_len, num_segments, align)
+        required = ("forward_flops", "flops_coefficients")
+        if not all(callable(getattr(cost, name, None)) for name in required):
+            raise ValueError(
+                f"cost={cost!r} must provide forward_flops(length, end) and "
+                "flops_coefficients(end); use a TransformerCost"
+            )
+        # Invariant: no plan fits within `infeasible`; `best` fits within `budget`.
+        infeasible = -(-cost.forward_flops(seq_len, seq_len) // num_segments) - 1
+        best = cls.uniform(seq_len, num_segments, align)
+        budget = max(best.segment_flops(cost))
+        while budget - infeasible > 1:
+            trial = (budget + infeasible) // 2
+            plan = cls(seq_len, _fit_from_end(seq_len, num_segments, cost, align, trial))
+            if max(plan.segment_flops(cost)) <= trial:
+                best, budget = plan, trial
+            else:
+                infeasible = trial
+        return best
+
+    @classmethod
+    def from_lengths(cls, lengths: tuple[int, ...] | list[int], align: int = 1) -> SegmentPlan:
+        """Plan from user-given lengths, each positive and a multiple of ``align``."""
+        if not _is_int(align) or align < 1:
+            raise ValueError(f"align={align!r} must be a positive int")
+        lengths = tuple(lengths)
+        _check_lengths(lengths)
+        misaligned = [n for n in lengths if n % align]
+        if misaligned:
+            raise ValueError(
+                f"lengths={list(lengths)} has {misaligned} not a multiple of align={align}; "
+                f"round each length to a multiple of {align}"
+            )
+        return cls(sum(lengths), lengths)
