@@ -86,10 +86,10 @@ class _AttachToPrefix(torch.autograd.Function):
     """Write a segment's K/V into its microbatch's buffers; return the prefix views."""
 
     @staticmethod
-    def forward(ctx, k, v, buffers: _PrefixBuffers, start: int):
+    def forward(ctx, k, v, buffers: _PrefixBuffers, start: int, store: "KVStore"):
         buffers.write(start, k, v)
         end = start + k.shape[1]
-        ctx.buffers, ctx.start, ctx.end = buffers, start, end
+        ctx.buffers, ctx.start, ctx.end, ctx.store = buffers, start, end, store
         return buffers.k[:, :end], buffers.v[:, :end]
 
     @staticmethod
@@ -97,7 +97,8 @@ class _AttachToPrefix(torch.autograd.Function):
         grad_k = torch.zeros_like(ctx.buffers.k[:, : ctx.end]) if grad_k is None else grad_k
         grad_v = torch.zeros_like(ctx.buffers.v[:, : ctx.end]) if grad_v is None else grad_v
         own_k, own_v = ctx.buffers.take_grads(ctx.start, ctx.end, grad_k, grad_v)
-        return own_k, own_v, None, None
+        ctx.store.record_peak()  # gradient buffers appear during backward
+        return own_k, own_v, None, None, None
 
 
 class KVStore:
@@ -135,9 +136,12 @@ class KVStore:
                 )
             buffers = _PrefixBuffers(k, plan.seq_len, plan.offsets[-1])
             self._buffers[key] = buffers
-        views = _AttachToPrefix.apply(k, v, buffers, plan.offsets[segment])
-        self.peak_bytes = max(self.peak_bytes, self.nbytes)
+        views = _AttachToPrefix.apply(k, v, buffers, plan.offsets[segment], self)
+        self.record_peak()
         return views
+
+    def record_peak(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.nbytes)
 
     def free(self, microbatch: int) -> None:
         """Drop every layer's K/V of ``microbatch`` (its last backward has run)."""
