@@ -126,11 +126,24 @@ def _varlen_reference(q, k, v, cu_q, cu_k, scale):
     return torch.cat(outs, dim=0)
 
 
-class FakeFlashVarlen:
-    """``flash_attn.flash_attn_varlen_func`` (flash-attn 2 semantics) on CPU."""
+class _FakeVarlenKernel:
+    """Records each call and answers with the plain-torch varlen reference."""
 
     def __init__(self):
         self.calls = []
+
+    def _run(self, q, k, v, cu_q, cu_k, max_q, max_k, scale):
+        _check_varlen_inputs(q, k, v, cu_q, cu_k, max_q, max_k)
+        self.calls.append(dict(
+            q_shape=tuple(q.shape), k_shape=tuple(k.shape),
+            cu_q=cu_q.clone(), cu_k=cu_k.clone(),
+            max_q=max_q, max_k=max_k, scale=scale,
+        ))
+        return _varlen_reference(q, k, v, cu_q, cu_k, scale)
+
+
+class FakeFlashVarlen(_FakeVarlenKernel):
+    """``flash_attn.flash_attn_varlen_func`` (flash-attn 2 semantics) on CPU."""
 
     def __call__(
         self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -140,20 +153,13 @@ class FakeFlashVarlen:
     ):
         assert causal is True, "Seq1F1B attention must pass causal=True"
         assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
-        _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        self.calls.append(dict(
-            q_shape=tuple(q.shape), k_shape=tuple(k.shape),
-            cu_q=cu_seqlens_q.clone(), cu_k=cu_seqlens_k.clone(),
-            max_q=max_seqlen_q, max_k=max_seqlen_k, scale=softmax_scale,
-        ))
-        return _varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+        return self._run(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale
+        )
 
 
-class FakeTorchVarlen:
+class FakeTorchVarlen(_FakeVarlenKernel):
     """``torch.nn.attention.varlen.varlen_attn`` on CPU; causal is window (-1, 0)."""
-
-    def __init__(self):
-        self.calls = []
 
     def __call__(
         self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
@@ -163,13 +169,7 @@ class FakeTorchVarlen:
         assert window_size == (-1, 0), f"causal needs window_size=(-1, 0), got {window_size}"
         assert enable_gqa == (query.shape[1] != key.shape[1]), "enable_gqa must match heads"
         assert return_aux is None and seqused_k is None and block_table is None
-        _check_varlen_inputs(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
-        self.calls.append(dict(
-            q_shape=tuple(query.shape), k_shape=tuple(key.shape),
-            cu_q=cu_seq_q.clone(), cu_k=cu_seq_k.clone(),
-            max_q=max_q, max_k=max_k, scale=scale,
-        ))
-        return _varlen_reference(query, key, value, cu_seq_q, cu_seq_k, scale)
+        return self._run(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale)
 
 
 class CPUFlashBackend(FlashVarlenBackend):

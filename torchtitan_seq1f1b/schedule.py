@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.microbatch import (
     merge_chunks,
     split_args_kwargs_into_chunks,
@@ -149,7 +150,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         outputs, _ = stage.fwd_cache[chunk_id]
         for output in outputs:
             if isinstance(output, torch.Tensor) and output.shape[self._seq_dim] != expected:
-                if isinstance(output, torch.distributed.tensor.DTensor):
+                if isinstance(output, DTensor):
                     continue  # global length checked by DTensor metadata
                 raise ValueError(
                     f"stage {stage.stage_index} produced an output of shape "
