@@ -167,6 +167,12 @@ def pipelined(rank: int, world_size: int, case: Case) -> dict:
         "losses": [loss.clone() for loss in losses],
         "kv_left_after_step": len(store),
         "kv_peak_bytes": store.peak_bytes,
+        # Sequence length of every chunk's activation and gradient receive buffer.
+        "recv_lens": [
+            [info.buffer.shape[1] for info in infos if info.buffer is not None]
+            for recv in (stage.args_recv_info, stage.grad_recv_info)
+            for infos in (recv[chunk] for chunk in sorted(recv))
+        ],
     }
     with torch.no_grad():
         logits = schedule.eval(*inputs, target=target if is_last else None)

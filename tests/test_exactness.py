@@ -80,7 +80,11 @@ def test_matches_unsplit_reference(pipeline_runs, case):
     torch.testing.assert_close(sum(last["losses"]), ref["loss"], rtol=RTOL, atol=0)
     torch.testing.assert_close(last["logits"], ref["logits"], rtol=RTOL, atol=ATOL)
 
-    for rank in ranks:
+    chunk_lens = [[n] for n in case.lengths] * case.n_microbatches
+    for index, rank in enumerate(ranks):
+        has_input_recv, has_grad_recv = index > 0, index < len(ranks) - 1
+        expected = chunk_lens * has_input_recv + chunk_lens * has_grad_recv
+        assert [r for r in rank["recv_lens"] if r] == expected, "receive buffers not per segment"
         assert rank["kv_left_after_step"] == 0, "K/V of a microbatch outlived its backward"
         assert rank["kv_left_after_eval"] == 0, "eval() left K/V behind"
         if len(case.lengths) > 1:

@@ -1,3 +1,6 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
 """How a sequence is cut into Seq1F1B segments.
 
 Seq1F1B (arXiv 2406.03488) pipelines each micro-batch as ``k`` consecutive
