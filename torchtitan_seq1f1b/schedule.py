@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.microbatch import (
     merge_chunks,
     split_args_kwargs_into_chunks,
@@ -149,9 +148,8 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         expected = self.segment_plan.lengths[segment]
         outputs, _ = stage.fwd_cache[chunk_id]
         for output in outputs:
+            # A DTensor's shape is global, so the plan length applies to it as is.
             if isinstance(output, torch.Tensor) and output.shape[self._seq_dim] != expected:
-                if isinstance(output, DTensor):
-                    continue  # global length checked by DTensor metadata
                 raise ValueError(
                     f"stage {stage.stage_index} produced an output of shape "
                     f"{tuple(output.shape)} for segment {segment} of {self.segment_plan}; "
