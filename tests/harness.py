@@ -136,16 +136,18 @@ def reference(case: Case) -> dict:
     model = case.model()
     tokens, target = case.batch()
     logits = model(tokens)
-    loss = token_sum_cross_entropy(logits, target) / (target != -100).sum()
-    loss.backward()
+    loss_sum = token_sum_cross_entropy(logits, target)
+    (loss_sum / (target != -100).sum()).backward()
     return {
-        "loss": loss.detach(),
+        "loss_sum": loss_sum.detach(),
         "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
         "logits": logits.detach(),
     }
 
 
-def pipelined(rank: int, world_size: int, case: Case) -> dict:
+def pipelined(
+    rank: int, world_size: int, case: Case, loss_normalizer: float | None = None
+) -> dict:
     """One Seq1F1B training step and one eval() on this rank's stage."""
     part = case.model().stage(rank, world_size)
     stage = PipelineStage(part, rank, world_size, torch.device("cpu"))
@@ -156,6 +158,7 @@ def pipelined(rank: int, world_size: int, case: Case) -> dict:
         loss_fn=token_sum_cross_entropy,
         positions_kwarg="positions",
     )
+    schedule.loss_normalizer = loss_normalizer
     tokens, target = case.batch()
     inputs = (tokens,) if rank == 0 else ()
     is_last = rank == world_size - 1

@@ -16,7 +16,7 @@ import torch
 from torchtitan_seq1f1b import SegmentPlan
 from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs
 
-from tests.harness import Case, pipelined_cases, reference, run_ranks
+from tests.harness import Case, pipelined, pipelined_cases, reference, run_ranks
 
 SEQ_LEN = 30  # balanced plans of the tiny model are uneven from here on
 RTOL, ATOL = 1e-10, 1e-14
@@ -77,7 +77,7 @@ def test_matches_unsplit_reference(pipeline_runs, case):
 
     last = ranks[-1]
     assert len(last["losses"]) == case.n_microbatches
-    torch.testing.assert_close(sum(last["losses"]), ref["loss"], rtol=RTOL, atol=0)
+    torch.testing.assert_close(sum(last["losses"]), ref["loss_sum"], rtol=RTOL, atol=0)
     torch.testing.assert_close(last["logits"], ref["logits"], rtol=RTOL, atol=ATOL)
 
     chunk_lens = [[n] for n in case.lengths] * case.n_microbatches
@@ -89,6 +89,21 @@ def test_matches_unsplit_reference(pipeline_runs, case):
         assert rank["kv_left_after_eval"] == 0, "eval() left K/V behind"
         if len(case.lengths) > 1:
             assert rank["kv_peak_bytes"] > 0
+
+
+def test_external_loss_normalizer_scales_gradients():
+    """``loss_normalizer`` (torchtitan's global token count) replaces the step's own."""
+    case = Case(2, (12, 10, 8))
+    ref = reference(case)
+    valid_tokens = int((case.batch()[1] != -100).sum())
+    normalizer = 3.0 * valid_tokens
+    ranks = run_ranks(pipelined, 2, case, normalizer, timeout=300)
+    for rank in ranks:
+        for name, grad in rank["grads"].items():
+            torch.testing.assert_close(
+                grad * 3.0, ref["grads"][name], rtol=RTOL, atol=ATOL, msg=name
+            )
+    torch.testing.assert_close(sum(ranks[-1]["losses"]), ref["loss_sum"], rtol=RTOL, atol=0)
 
 
 def _broken_pipeline(rank, world_size, case, broken):

@@ -29,6 +29,7 @@ __all__ = [
     "TESTED_TORCH_RANGE",
     "check_torch_version",
     "resize_recv_buffers",
+    "scaled_seq_len",
     "wrap_stage_compute",
 ]
 
@@ -55,18 +56,31 @@ def check_torch_version(version: str = torch.__version__) -> None:
 check_torch_version()
 
 
-def _local_seq_len(meta: _TensorMeta, seq_dim: int, seq_len: int) -> int:
-    """Local length of a ``seq_len``-token segment (sharded under sequence parallel)."""
-    if isinstance(meta, _DTensorMeta):
-        return seq_len * meta.shape[seq_dim] // meta.global_shape[seq_dim]
-    return seq_len
+def scaled_seq_len(reference_len: int, reference_tokens: int, seq_len: int) -> int:
+    """Local length of a ``seq_len``-token segment on a dim that held ``reference_len``
+    entries for a ``reference_tokens``-token segment.
+
+    Under sequence parallel a stage's activations carry ``tokens / tp`` entries
+    on the sequence dim, as plain local tensors or as DTensor shards.
+    """
+    local, remainder = divmod(seq_len * reference_len, reference_tokens)
+    if remainder:
+        raise ValueError(
+            f"a {seq_len}-token segment cannot be laid out like the first one "
+            f"({reference_tokens} tokens held as {reference_len} entries, e.g. sharded "
+            "by sequence parallel); make every segment length a multiple of the "
+            "sequence-parallel degree (SegmentPlan align, [seq1f1b] align)"
+        )
+    return local
 
 
 def _contiguous_stride(shape) -> tuple[int, ...]:
     return torch.empty(shape, device="meta").stride()
 
 
-def _with_seq_len(meta: _TensorMeta, seq_dim: int, seq_len: int) -> _TensorMeta:
+def _with_seq_len(
+    meta: _TensorMeta, seq_dim: int, seq_len: int, local_len: int
+) -> _TensorMeta:
     """The metadata of the same activation for a segment of ``seq_len`` tokens."""
     if tuple(meta.stride) != _contiguous_stride(meta.shape):
         raise ValueError(
@@ -74,7 +88,7 @@ def _with_seq_len(meta: _TensorMeta, seq_dim: int, seq_len: int) -> _TensorMeta:
             f"for shape {tuple(meta.shape)}. Make the stage output contiguous."
         )
     shape = list(meta.shape)
-    shape[seq_dim] = _local_seq_len(meta, seq_dim, seq_len)
+    shape[seq_dim] = local_len
     changes = {"shape": torch.Size(shape), "stride": _contiguous_stride(shape)}
     if isinstance(meta, _DTensorMeta):
         global_shape = list(meta.global_shape)
@@ -84,8 +98,10 @@ def _with_seq_len(meta: _TensorMeta, seq_dim: int, seq_len: int) -> _TensorMeta:
     return dataclasses.replace(meta, **changes)
 
 
-def _resize(recv_infos, seq_dim: int, seq_len: int, device) -> None:
-    for info in recv_infos:
+def _resize(
+    recv_infos, reference_infos, reference_tokens: int, seq_dim: int, seq_len: int, device
+) -> None:
+    for info, reference in zip(recv_infos, reference_infos):
         if info.is_root_arg or info.buffer is None:
             continue
         if info.buffer.dim() <= seq_dim:
@@ -94,10 +110,12 @@ def _resize(recv_infos, seq_dim: int, seq_len: int, device) -> None:
                 f"'{info.input_name}' has shape {tuple(info.buffer.shape)}. "
                 "Pass seq_dim matching the model's activations."
             )
-        meta = info.tensor_meta
-        if info.buffer.shape[seq_dim] == _local_seq_len(meta, seq_dim, seq_len):
+        local_len = scaled_seq_len(
+            reference.buffer.shape[seq_dim], reference_tokens, seq_len
+        )
+        if info.buffer.shape[seq_dim] == local_len:
             continue
-        meta = _with_seq_len(meta, seq_dim, seq_len)
+        meta = _with_seq_len(info.tensor_meta, seq_dim, seq_len, local_len)
         info.tensor_meta = meta
         info.buffer = torch.empty_strided(
             meta.shape, meta.stride, dtype=meta.dtype, device=device
@@ -112,13 +130,17 @@ def resize_recv_buffers(
     torch infers one activation shape per stage (from chunk 0) and allocates
     every chunk's buffers with it. Segments differ in length, and a short
     message into a long buffer is accepted silently by gloo (and hangs NCCL),
-    so each chunk's activation and gradient buffers are resized here.
+    so each chunk's activation and gradient buffers are resized here, keeping
+    chunk 0's ratio of local entries to tokens (sequence parallel shards).
     """
-    for chunk_id, seq_len in enumerate(chunk_seq_lens):
-        if chunk_id in stage.args_recv_info:
-            _resize(stage.args_recv_info[chunk_id], seq_dim, seq_len, stage.device)
-        if chunk_id in stage.grad_recv_info:
-            _resize(stage.grad_recv_info[chunk_id], seq_dim, seq_len, stage.device)
+    for recv in (stage.args_recv_info, stage.grad_recv_info):
+        if 0 not in recv:
+            continue
+        for chunk_id, seq_len in enumerate(chunk_seq_lens):
+            if chunk_id in recv:
+                _resize(
+                    recv[chunk_id], recv[0], chunk_seq_lens[0], seq_dim, seq_len, stage.device
+                )
 
 
 UnitScope = Callable[[_PipelineStageBase, int, str], contextlib.AbstractContextManager]

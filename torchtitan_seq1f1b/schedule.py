@@ -28,6 +28,7 @@ from torchtitan_seq1f1b._torch_compat import (
     _PipelineScheduleRuntime,
     resize_recv_buffers,
     runtime_validation_disabled,
+    scaled_seq_len,
     wrap_stage_compute,
 )
 from torchtitan_seq1f1b.actions import SegmentAction
@@ -45,7 +46,15 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
     losses=..., **kwargs)`` takes whole batches, splits them into
     ``n_microbatches`` along the batch dim and each microbatch into the plan's
     segments along ``seq_dim``; targets and sequence-shaped keyword tensors
-    are cut the same way. ``losses`` receives one value per real microbatch.
+    are cut the same way. ``losses`` receives one value per real microbatch:
+    what ``loss_fn`` returned, summed over the microbatch's segments (like
+    torch's schedules, the reported losses are not normalised).
+
+    Gradients are those of ``sum(losses) / normaliser``. The normaliser is
+    ``loss_normalizer`` when set (e.g. the valid-token count of the global
+    batch under data parallelism or gradient accumulation, as torchtitan's
+    trainer computes it), else the step's valid target tokens when
+    ``scale_grads``, else 1.
 
     Args:
         stages: this rank's stage (a one-element list, or the stage itself).
@@ -94,12 +103,15 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             # runtime must not divide again by the virtual microbatch count.
             scale_grads=False,
         )
+        self.loss_normalizer: float | torch.Tensor | None = None
         self._normalize_loss = scale_grads
-        self._loss_normalizer = 1.0
+        self._step_normalizer: float | torch.Tensor = 1.0
+        self._segment_loss_sums: list[torch.Tensor] = []
         self._seq_dim = seq_dim
         self._positions_kwarg = positions_kwarg
         self._ignore_index = ignore_index
         self.kv_stores = {stage.stage_index: KVStore() for stage in stages}
+        self._reference_output_lens: dict[int, list[int]] = {}
         for stage in stages:
             wrap_stage_compute(stage, self._unit_scope)
 
@@ -145,16 +157,25 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
     def _check_segment_outputs(
         self, stage: _PipelineStageBase, chunk_id: int, segment: int
     ) -> None:
-        expected = self.segment_plan.lengths[segment]
+        """Every output must hold its segment's tokens the way chunk 0's held its own.
+
+        Receive buffers are sized from that ratio (1, or 1/tp for plain local
+        tensors under sequence parallel), so a stage that changes it would
+        corrupt the next stage's input.
+        """
         outputs, _ = stage.fwd_cache[chunk_id]
-        for output in outputs:
-            # A DTensor's shape is global, so the plan length applies to it as is.
-            if isinstance(output, torch.Tensor) and output.shape[self._seq_dim] != expected:
+        lens = [o.shape[self._seq_dim] for o in outputs if isinstance(o, torch.Tensor)]
+        if chunk_id == 0:
+            self._reference_output_lens[stage.stage_index] = lens
+        tokens = self.segment_plan.lengths
+        for length, reference in zip(lens, self._reference_output_lens[stage.stage_index]):
+            expected = scaled_seq_len(reference, tokens[0], tokens[segment])
+            if length != expected:
                 raise ValueError(
-                    f"stage {stage.stage_index} produced an output of shape "
-                    f"{tuple(output.shape)} for segment {segment} of {self.segment_plan}; "
-                    f"stage outputs must keep the segment's {expected} tokens on "
-                    f"dim seq_dim={self._seq_dim}"
+                    f"stage {stage.stage_index} produced an output with {length} entries "
+                    f"on dim seq_dim={self._seq_dim} for segment {segment} of "
+                    f"{self.segment_plan}, expected {expected}; stage outputs must "
+                    "keep their segment's tokens on seq_dim"
                 )
 
     # ---- torch runtime hooks ------------------------------------------------
@@ -165,17 +186,19 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             resize_recv_buffers(stage, self._chunk_seq_lens, self._seq_dim)
 
     def _compute_loss(self, output, target, loss_kwargs=None):
-        loss = super()._compute_loss(output, target, loss_kwargs)
-        return loss / self._loss_normalizer
+        loss_sum = super()._compute_loss(output, target, loss_kwargs)
+        self._segment_loss_sums.append(loss_sum.detach())
+        return loss_sum / self._step_normalizer
 
     def _update_losses(self, stages, losses):
-        """Report one loss per real microbatch: the sum over its segments."""
+        """Report one loss per real microbatch: its segments' summed ``loss_fn`` values."""
         if self._internal_losses:
             k = self.num_segments
+            sums = self._segment_loss_sums
             self._internal_losses = [
-                torch.stack([loss.detach() for loss in self._internal_losses[i : i + k]]).sum()
-                for i in range(0, len(self._internal_losses), k)
+                torch.stack(sums[i : i + k]).sum() for i in range(0, len(sums), k)
             ]
+        self._segment_loss_sums = []
         saved, self._n_microbatches = self._n_microbatches, self.n_real_microbatches
         try:
             super()._update_losses(stages, losses)
@@ -217,9 +240,9 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         arg_units = [u for mb in args_mbs for u in self._segment_args(mb)]
         kwarg_units = [u for mb in kwargs_mbs for u in self._segment_kwargs(mb)]
         target_units = None
+        self._segment_loss_sums = []
         if target is not None:
-            valid_tokens = int((target != self._ignore_index).sum())
-            self._loss_normalizer = float(max(valid_tokens, 1)) if self._normalize_loss else 1.0
+            self._step_normalizer = self._normalizer_for(target)
             target_mbs, _ = split_args_kwargs_into_chunks((target,), None, m)
             target_units = [u[0] for mb in target_mbs for u in self._segment_args(mb)]
 
@@ -230,6 +253,13 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             if stage.is_last and return_outputs:
                 return self._merge_segment_outputs(stage.output_chunks)
         return None
+
+    def _normalizer_for(self, target: torch.Tensor) -> float | torch.Tensor:
+        if self.loss_normalizer is not None:
+            return self.loss_normalizer
+        if self._normalize_loss:
+            return float(max(int((target != self._ignore_index).sum()), 1))
+        return 1.0
 
     def _input_error(self, args: tuple, target: Any) -> str | None:
         """Why this rank's step inputs do not fit the segment plan, if they do not."""

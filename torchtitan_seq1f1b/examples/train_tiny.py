@@ -84,7 +84,7 @@ def main() -> None:
         )
         optimizer.step()
         if is_last:
-            loss = sum(losses).item()
+            loss = sum(losses).item() / int((target != -100).sum())
             first_loss = loss if first_loss is None else first_loss
             if step == 1 or step % 10 == 0 or step == args.steps:
                 print(f"step {step:4d}  loss {loss:.4f}", flush=True)
