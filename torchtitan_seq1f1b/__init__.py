@@ -1,7 +1,14 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Seq1F1B (sequence-level 1F1B pipeline parallelism) for torchtitan."""
+"""Seq1F1B (sequence-level 1F1B pipeline parallelism) for torchtitan.
+
+Imported inside a torchtitan job (``[experimental] custom_import =
+"torchtitan_seq1f1b"``), the package also registers the "Seq1F1B" pipeline
+schedule with torchtitan; see :mod:`torchtitan_seq1f1b.integration`.
+"""
+
+import sys
 
 from torchtitan_seq1f1b.actions import SegmentAction
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
@@ -20,3 +27,9 @@ __all__ = [
     "validate_order",
     "wrap_attention",
 ]
+
+# Only inside a torchtitan process: the core needs no torchtitan import.
+if "torchtitan" in sys.modules:
+    from torchtitan_seq1f1b.integration import install
+
+    install()

@@ -21,7 +21,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -69,9 +68,18 @@ class SDPABackend(AttentionBackend):
         _check_heads(q, k)
         q_len, k_len = q.shape[1], k.shape[1]
         # SDPA's is_causal is top-left aligned when lengths differ: only safe
-        # for q_len == k_len. Otherwise the lower-right bias gives the segment
-        # its whole prefix.
-        mask = None if q_len == k_len else causal_lower_right(q_len, k_len)
+        # for q_len == k_len. Otherwise a lower-right mask gives the segment its
+        # whole prefix. It is a plain bool tensor, not torch's CausalBias: that
+        # tensor subclass cannot be created under selective activation
+        # checkpointing's dispatch mode, and off CUDA it materialises the same
+        # (q_len, k_len) mask anyway.
+        mask = (
+            None
+            if q_len == k_len
+            else torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(
+                k_len - q_len
+            )
+        )
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),

@@ -1,0 +1,298 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The embedded recall corpus and tokenizer, through torchtitan's own data path."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torchtitan.components.tokenizer import HuggingFaceTokenizer, build_hf_tokenizer
+from torchtitan.config import ConfigManager
+from torchtitan.hf_datasets.text_datasets import (
+    DATASETS,
+    HuggingFaceTextDataset,
+    build_text_dataloader,
+    build_text_validation_dataloader,
+)
+
+from torchtitan_seq1f1b.data import (
+    DATASET_NAMES,
+    TOKENIZER_DIR,
+    VOCAB_SIZE,
+    RecallSpec,
+    dependent_mask,
+    load_recall,
+    recall_document,
+    register_datasets,
+    resolve_hf_assets_path,
+)
+from torchtitan_seq1f1b.data.make_tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    RECALL,
+    RECALL_ID,
+    UNK,
+    pseudo_words,
+    write_tokenizer,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return HuggingFaceTokenizer(str(TOKENIZER_DIR))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    register_datasets()
+
+
+def windows(name, n, tokenizer, seq_len, path=None, dp_rank=0, dp_world_size=1):
+    """The first n (input, label) windows of torchtitan's own packing: (n, seq_len) each."""
+    dataset = HuggingFaceTextDataset(
+        name, path, tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size
+    )
+    pairs = [pair for pair, _ in zip(dataset, range(n))]
+    return torch.stack([x["input"] for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+
+# --- tokenizer -------------------------------------------------------------
+
+
+def test_shipped_tokenizer_files_are_what_the_script_writes(tmp_path):
+    write_tokenizer(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (TOKENIZER_DIR / name).read_bytes(), (
+            f"{name} is stale: run python -m torchtitan_seq1f1b.data.make_tokenizer"
+        )
+
+
+def test_tokenizer_round_trip_vocab_and_special_ids(tokenizer):
+    assert tokenizer.vocab_size == VOCAB_SIZE <= 2048  # llama3 debugmodel's vocab_size
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (BOS_ID, EOS_ID)
+    assert tokenizer.token_to_id(RECALL) == RECALL_ID
+    assert len(set(pseudo_words())) == VOCAB_SIZE - 4
+    # No post-processor: BOS/EOS come only when asked, and only once.
+    assert tokenizer.encode("") == []
+
+    text = recall_document(RecallSpec(), "train", 0)
+    ids = tokenizer.encode(text, add_bos=True, add_eos=True)
+    assert ids[0] == BOS_ID and ids[-1] == EOS_ID and ids.count(BOS_ID) == 1
+    assert tokenizer.token_to_id(UNK) not in ids
+    assert len(ids) == RecallSpec().doc_tokens
+    assert max(ids) < VOCAB_SIZE
+    assert tokenizer.decode(ids) == text  # specials skipped, words space-joined
+    every_word = " ".join(pseudo_words())
+    assert tokenizer.decode(tokenizer.encode(every_word)) == every_word
+
+
+# --- corpus ----------------------------------------------------------------
+
+
+def test_documents_are_deterministic_and_splits_differ():
+    spec = RecallSpec()
+    train = load_recall(None, "train")
+    assert len(train) == 1 << 20 and len(load_recall(None, "validation")) == 512
+    first = [train[i]["text"] for i in range(4)]
+    assert first == [load_recall("", "train")[i]["text"] for i in range(4)]
+    assert first[0] == recall_document(spec, "train", 0)
+    assert len(set(first)) == 4
+    assert recall_document(spec, "validation", 0) != first[0]
+    assert recall_document(RecallSpec(seed=1), "train", 0) != first[0]
+    # A document does not depend on the corpus size.
+    assert load_recall("docs=3", "train")[2]["text"] == first[2]
+
+    words = first[0].split()
+    n = spec.half_words
+    assert len(words) == 2 * n + 1 and words[n] == RECALL
+    assert words[:n] == words[n + 1 :] and len(set(words[:n])) == n
+
+
+def test_spec_paths():
+    spec = RecallSpec.parse(" doc_tokens=513, seed=3,words=300")
+    assert (spec.doc_tokens, spec.seed, spec.words, spec.half_words) == (513, 3, 300, 255)
+    assert RecallSpec.parse(spec.to_path()) == spec
+    assert RecallSpec.parse(None) == RecallSpec.parse("") == RecallSpec()
+    for bad in ("doc_tokens=256", "doc_tokens=3", "seq_len=256", "seed", "words=100,doc_tokens=513"):
+        with pytest.raises(ValueError):
+            RecallSpec.parse(bad)
+
+
+def test_register_datasets_is_idempotent():
+    register_datasets()
+    configs = {name: DATASETS[name] for name in DATASET_NAMES}
+    register_datasets()
+    assert set(DATASET_NAMES) == {"seq1f1b_recall", "seq1f1b_recall_validation"}
+    for name, config in configs.items():
+        assert DATASETS[name].path == config.path == RecallSpec().to_path()
+    assert "c4_test" in DATASETS  # torchtitan's own entries stay
+
+
+def test_resolve_hf_assets_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a working dir without the checkout
+    for spelling in ("torchtitan_seq1f1b/assets/tokenizer", "./torchtitan_seq1f1b/assets/tokenizer/"):
+        assert resolve_hf_assets_path(spelling) == str(TOKENIZER_DIR)
+    assert resolve_hf_assets_path(str(tmp_path)) == str(tmp_path)
+    assert resolve_hf_assets_path("./elsewhere") == "./elsewhere"
+
+
+# --- through torchtitan ----------------------------------------------------
+
+
+def test_torchtitan_dataloaders_yield_aligned_recall_windows():
+    config = ConfigManager().parse_args([
+        "--model.hf_assets_path", str(TOKENIZER_DIR),
+        "--training.dataset", "seq1f1b_recall",
+        "--training.seq_len", "256",
+        "--training.local_batch_size", "4",
+        "--validation.dataset", "seq1f1b_recall_validation",
+        "--validation.seq_len", "256",
+        "--validation.local_batch_size", "4",
+    ])  # fmt: skip
+    tokenizer = build_hf_tokenizer(config)
+    train = build_text_dataloader(1, 0, tokenizer, config)
+    (inputs, labels), = [batch for batch, _ in zip(train, range(1))]
+    inputs = inputs["input"]
+    assert inputs.shape == labels.shape == (4, 256)
+    assert torch.equal(inputs[:, 1:], labels[:, :-1])
+    # doc_tokens = seq_len + 1: every window is one document.
+    assert (inputs[:, 0] == BOS_ID).all() and (labels[:, -1] == EOS_ID).all()
+    assert (labels[:, 127] == RECALL_ID).all()
+    assert torch.equal(labels[:, 128:255], labels[:, :127])
+    expected = torch.zeros_like(labels, dtype=torch.bool)
+    expected[:, 128:255] = True
+    assert torch.equal(dependent_mask(labels), expected)
+
+    validation = build_text_validation_dataloader(1, 0, tokenizer, config)
+    (val_inputs, _), = [batch for batch, _ in zip(validation, range(1))]
+    assert not torch.equal(val_inputs["input"], inputs)
+
+    # DP ranks read disjoint documents.
+    rank0, _ = windows("seq1f1b_recall", 2, tokenizer, 256, dp_rank=0, dp_world_size=2)
+    rank1, _ = windows("seq1f1b_recall", 2, tokenizer, 256, dp_rank=1, dp_world_size=2)
+    assert not set(map(tuple, rank0.tolist())) & set(map(tuple, rank1.tolist()))
+
+
+def test_resume_from_state_dict(tokenizer):
+    dataset = HuggingFaceTextDataset("seq1f1b_recall", None, tokenizer, seq_len=512)
+    stream = iter(dataset)
+    for _ in range(3):  # docs of 257 tokens: the buffer holds a partial document
+        next(stream)
+    state = dataset.state_dict()
+    expected = next(stream)
+    resumed = HuggingFaceTextDataset("seq1f1b_recall", None, tokenizer, seq_len=512)
+    resumed.load_state_dict(state)
+    got = next(iter(resumed))
+    assert torch.equal(got[0]["input"], expected[0]["input"]) and torch.equal(got[1], expected[1])
+
+
+def test_dependent_mask_matches_packing_oracle(tokenizer):
+    """Misaligned windows (seq_len 512, 257-token documents): rebuild torchtitan's
+    packing by hand, label every token with its copy source, and compare."""
+    spec, seq_len, n_windows = RecallSpec(), 512, 40
+    _, labels = windows("seq1f1b_recall", n_windows, tokenizer, seq_len)
+
+    stream, source = [], []  # source[p]: stream position that token p copies, or None
+    index = 0
+    while len(stream) < n_windows * (seq_len + 1):
+        ids = tokenizer.encode(recall_document(spec, "train", index), add_bos=True, add_eos=True)
+        start, n = len(stream), spec.half_words
+        stream += ids
+        source += [None] * (n + 2) + [start + 1 + i for i in range(n)] + [None]
+        index += 1
+    expected = torch.zeros_like(labels, dtype=torch.bool)
+    for w in range(n_windows):
+        first_label = w * (seq_len + 1) + 1
+        assert labels[w].tolist() == stream[first_label : first_label + seq_len]
+        for t in range(seq_len):
+            src = source[first_label + t]
+            expected[w, t] = src is not None and src >= first_label
+    assert torch.equal(dependent_mask(labels), expected)
+    assert 0.35 < expected.float().mean() < 0.5
+    # Every dependent label repeats the label 128 positions earlier.
+    rows, cols = expected.nonzero(as_tuple=True)
+    assert torch.equal(labels[rows, cols], labels[rows, cols - spec.half_words - 1])
+
+    # A row with a marker but neither BOS nor EOS gives no n: nothing is claimed.
+    assert not dependent_mask(torch.tensor([[5, 6, RECALL_ID, 5, 6]])).any()
+
+
+# --- the point of the corpus: long-range structure --------------------------
+
+
+class InductionLM(nn.Module):
+    """One causal attention layer whose keys also see the previous token.
+
+    tokens (batch, seq_len) -> logits (batch, seq_len, vocab_size).
+    This "smeared key" model forms an induction head (find where the current
+    token occurred before, copy what followed) within ~100 steps, where a
+    plain 2-layer transformer plateaus for several hundred: that keeps the test
+    cheap. Logits are tied to the embedding, so copying needs no per-word
+    output weights.
+    """
+
+    def __init__(self, vocab_size: int, dim: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, dim)
+        nn.init.normal_(self.embedding.weight)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(2 * dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(tokens)  # (b, s, d)
+        previous = F.pad(h, (0, 0, 1, 0))[:, :-1]
+        q, k, v = self.wq(h), self.wk(torch.cat([h, previous], dim=-1)), self.wv(h)
+        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True)
+        return out[:, 0] @ self.embedding.weight.T / math.sqrt(h.shape[-1])
+
+
+def train_and_eval(train_windows, val_windows, num_segments, steps=150, batch=8):
+    """Dependent-token loss on val_windows after training on train_windows.
+
+    num_segments=1 is full causal attention; k > 1 feeds each of the k segments
+    as its own sequence, so no token sees an earlier segment.
+    """
+
+    def logits(model, tokens):
+        b, s = tokens.shape
+        return model(tokens.reshape(b * num_segments, s // num_segments)).reshape(b, s, -1)
+
+    (x, y), (val_x, val_y) = train_windows, val_windows
+    torch.manual_seed(0)
+    model = InductionLM(VOCAB_SIZE, dim=64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(steps):
+        rows = slice(step * batch, (step + 1) * batch)
+        loss = F.cross_entropy(logits(model, x[rows]).flatten(0, 1), y[rows].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        losses = F.cross_entropy(
+            logits(model, val_x).flatten(0, 1), val_y.flatten(), reduction="none"
+        ).view(val_y.shape)
+    return losses[dependent_mask(val_y)].mean().item()
+
+
+def test_long_range_structure_needs_attention_across_segments(tokenizer):
+    """Windows of 256 tokens cut into k=2 segments of 128: every copied word's
+    source is in the other segment. Seeing it drives the loss on copied words
+    near 0; not seeing it leaves them at chance (ln 2044 = 7.6 nats)."""
+    steps, batch, seq_len, k = 150, 8, 256, 2
+    train = windows("seq1f1b_recall", steps * batch, tokenizer, seq_len)
+    val = windows("seq1f1b_recall_validation", 32, tokenizer, seq_len)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # faster for these sizes, and kinder to a shared machine
+    try:
+        full = train_and_eval(train, val, num_segments=1, steps=steps, batch=batch)
+        split = train_and_eval(train, val, num_segments=k, steps=steps, batch=batch)
+    finally:
+        torch.set_num_threads(threads)
+    print(f"dependent-token loss: full attention {full:.3f}, {k} separate segments {split:.3f}")
+    chance = math.log(len(pseudo_words()))
+    assert split > chance - 0.5, (full, split)
+    assert full < 0.5 * split and full < 1.0, (full, split)

@@ -1,0 +1,177 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Seq1F1B inside torchtitan 0.2.2, end to end on CPU with gloo.
+
+Every run starts from one seed checkpoint; per-step losses and the step-1
+grad_norm of Seq1F1B runs must match a non-pipelined run's within 1e-4
+relative. The grad_norm catches normalisation bugs that clipping and Adam
+would hide in the loss curve.
+"""
+
+import pytest
+
+from tests.titan import RunFailed, TEST_ARGS, torchrun
+
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def seed_checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("seed")
+    torchrun(
+        folder, 1, *TEST_ARGS,
+        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+        "--parallelism.pipeline_parallel_degree", "1",
+    )
+    return folder / "checkpoint" / "step-0"
+
+
+@pytest.fixture(scope="module")
+def run(seed_checkpoint, tmp_path_factory):
+    """run(nproc, *args): a short training run from the seed checkpoint."""
+
+    def start(nproc, *args, name="run"):
+        return torchrun(
+            tmp_path_factory.mktemp(name), nproc, *TEST_ARGS,
+            "--checkpoint.enable",
+            "--checkpoint.initial_load_path", str(seed_checkpoint),
+            "--checkpoint.interval", "1000",
+            *args,
+        )
+
+    return start
+
+
+VALIDATION_ARGS = (
+    "--validation.enable",
+    "--validation.freq", "3",
+    "--validation.steps", "2",
+    "--validation.seq_len", "128",
+)
+
+
+@pytest.fixture(scope="module")
+def unpipelined(run):
+    return run(
+        1, "--parallelism.pipeline_parallel_degree", "1", *VALIDATION_ARGS, name="unpipelined"
+    )
+
+
+@pytest.fixture(scope="module")
+def fsdp_unpipelined(run):
+    return run(
+        2,
+        "--parallelism.pipeline_parallel_degree", "1",
+        "--parallelism.data_parallel_shard_degree", "2",
+        name="fsdp",
+    )
+
+
+def assert_same_training(run, reference):
+    steps = sorted(reference.losses)
+    assert len(steps) >= 5
+    assert sorted(run.losses) == steps
+    for step in steps:
+        assert run.losses[step] == pytest.approx(reference.losses[step], rel=RTOL), step
+    assert run.grad_norms[1] == pytest.approx(reference.grad_norms[1], rel=RTOL)
+
+
+@pytest.mark.parametrize(
+    "partition,segments", [("uniform", 2), ("uniform", 4), ("balanced", 2), ("balanced", 4)]
+)
+def test_pp2_matches_unpipelined(run, unpipelined, partition, segments):
+    seq1f1b = run(
+        2,
+        "--parallelism.pipeline_parallel_degree", "2",
+        "--seq1f1b.partition", partition,
+        "--seq1f1b.num_segments", str(segments),
+    )
+    assert_same_training(seq1f1b, unpipelined)
+    lengths = [
+        seq1f1b.scalars(f"seq1f1b/segment_len/{j}")[1] for j in range(segments)
+    ]
+    assert sum(lengths) == 128
+    if partition == "balanced":
+        assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
+    assert seq1f1b.scalars("seq1f1b/kv_store_peak_bytes")[1] > 0
+    p, m = 2, 2
+    assert seq1f1b.scalars("seq1f1b/bubble_estimate")[1] == pytest.approx(
+        (p - 1) / (m * segments + p - 1)
+    )
+
+
+def test_pp4_with_validation_matches_unpipelined(run, unpipelined):
+    seq1f1b = run(4, "--parallelism.pipeline_parallel_degree", "4", *VALIDATION_ARGS)
+    assert_same_training(seq1f1b, unpipelined)
+    validation = seq1f1b.scalars("validation_metrics/loss")
+    reference = unpipelined.scalars("validation_metrics/loss")
+    assert {3, 6} <= set(validation) == set(reference)
+    for step, loss in reference.items():
+        assert validation[step] == pytest.approx(loss, rel=RTOL), step
+
+
+@pytest.mark.parametrize(
+    "mode", [("selective", "2"), ("selective", "op"), ("full", "2")], ids="-".join
+)
+def test_activation_checkpointing_matches_unpipelined(run, unpipelined, mode):
+    ac_mode, option = mode
+    seq1f1b = run(
+        2,
+        "--activation_checkpoint.mode", ac_mode,
+        "--activation_checkpoint.selective_ac_option", option,
+    )
+    assert_same_training(seq1f1b, unpipelined)
+
+
+def test_tp_pp_matches_unpipelined(run, unpipelined):
+    seq1f1b = run(4, "--parallelism.tensor_parallel_degree", "2")
+    assert_same_training(seq1f1b, unpipelined)
+
+
+def test_fsdp_pp_matches_fsdp(run, fsdp_unpipelined):
+    seq1f1b = run(4, "--parallelism.data_parallel_shard_degree", "2")
+    assert_same_training(seq1f1b, fsdp_unpipelined)
+
+
+def test_fsdp_tp_pp_on_8_processes_matches_fsdp(run, fsdp_unpipelined):
+    seq1f1b = run(
+        8,
+        "--parallelism.data_parallel_shard_degree", "2",
+        "--parallelism.tensor_parallel_degree", "2",
+    )
+    assert_same_training(seq1f1b, fsdp_unpipelined)
+
+
+def test_resume_continues_the_uninterrupted_run(run, tmp_path):
+    uninterrupted = run(2, "--checkpoint.interval", "3")
+    resumed = torchrun(
+        tmp_path, 2, *TEST_ARGS,
+        "--checkpoint.enable",
+        "--checkpoint.folder", str(uninterrupted.dump_folder / "checkpoint"),
+        "--checkpoint.load_step", "3",
+    )
+    assert "Training starts at step 4" in resumed.output
+    assert sorted(resumed.losses) == [4, 5, 6]
+    for step, loss in resumed.losses.items():
+        assert loss == pytest.approx(uninterrupted.losses[step], rel=1e-6), step
+
+
+def test_other_schedules_still_go_to_torchtitan(run, unpipelined):
+    """1F1B runs through torchtitan's own pipeline_llm, unchanged: same forward,
+    but 0.2.2's PP path back-propagates un-normalised token sums."""
+    torch_1f1b = run(2, "--parallelism.pipeline_parallel_schedule", "1F1B")
+    assert "Using pipeline schedule 1F1B" in torch_1f1b.output
+    assert torch_1f1b.losses[1] == pytest.approx(unpipelined.losses[1], rel=RTOL)
+    tokens_per_step = 4 * 128
+    assert torch_1f1b.grad_norms[1] == pytest.approx(
+        unpipelined.grad_norms[1] * tokens_per_step, rel=1e-3
+    )
+
+
+def test_bad_config_fails_on_every_rank_before_training(tmp_path):
+    with pytest.raises(RunFailed) as failure:
+        torchrun(tmp_path, 2, *TEST_ARGS, "--seq1f1b.num_segments", "0", timeout=120)
+    output = failure.value.output
+    assert output.count("seq1f1b.num_segments=0 must be >= 1") >= 2
+    assert "Training starts" not in output

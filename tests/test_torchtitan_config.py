@@ -1,0 +1,117 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Start-up rejections of the torchtitan integration, checked in-process.
+
+``pipeline_llm_seq1f1b`` validates the job before it touches a device mesh,
+so a bad config raises the same message on every rank before any collective
+(tests/test_torchtitan.py shows that end to end under torchrun).
+"""
+
+import pytest
+import torch
+
+from torchtitan.config import ConfigManager
+from torchtitan.distributed import ParallelDims
+from torchtitan.protocols.train_spec import get_train_spec
+
+from torchtitan_seq1f1b.integration import pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.pipeline import (
+    _check_job,
+    _module_names_per_stage,
+    Seq1F1BConfigError,
+    segment_plan_for,
+)
+
+from tests.titan import DEBUG_CONFIG, REPO
+
+
+def _job(config, *args):
+    job_config = ConfigManager().parse_args(["--job.config_file", str(config), *args])
+    spec = get_train_spec(job_config.model.name)
+    model_args = spec.model_args[job_config.model.flavor]
+    model_args.update_from_config(job_config)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    return job_config, spec, model_args, model
+
+
+def start(*args: str, tp: int = 1, cp: int = 1, pp: int = 2):
+    job_config, spec, model_args, model = _job(DEBUG_CONFIG, *args)
+    dims = ParallelDims(
+        dp_shard=1, dp_replicate=1, cp=cp, tp=tp, pp=pp, ep=1, etp=1,
+        world_size=tp * cp * pp,
+    )
+    return spec.pipelining_fn(
+        model, dims, job_config, torch.device("cpu"), model_args, spec.parallelize_fn, None
+    )
+
+
+@pytest.mark.parametrize(
+    "name,segments",
+    [("llama3_8b_32k_seq1f1b", 4), ("llama3_8b_64k_seq1f1b", 8), ("llama3_70b_128k_seq1f1b", 8)],
+)
+def test_real_hardware_configs_pass_start_up_checks(name, segments):
+    job_config, _, model_args, model = _job(REPO / "train_configs" / f"{name}.toml")
+    parallelism = job_config.parallelism
+    dims = ParallelDims(
+        dp_shard=parallelism.data_parallel_shard_degree, dp_replicate=1, cp=1,
+        tp=parallelism.tensor_parallel_degree, pp=parallelism.pipeline_parallel_degree,
+        ep=1, etp=1,
+        world_size=parallelism.data_parallel_shard_degree
+        * parallelism.tensor_parallel_degree
+        * parallelism.pipeline_parallel_degree,
+    )
+    _check_job(job_config, dims, model_args)
+    assert len(_module_names_per_stage(job_config, dims, model_args)) == dims.pp
+    plan = segment_plan_for(job_config, model, dims)
+    assert plan.num_segments == segments and plan.seq_len == job_config.training.seq_len
+    assert all(length % 128 == 0 for length in plan.lengths)
+    assert list(plan.lengths) == sorted(plan.lengths, reverse=True)
+
+
+def test_seq1f1b_is_the_llama3_pipelining_function():
+    assert get_train_spec("llama3").pipelining_fn is pipeline_llm_seq1f1b
+
+
+def test_seq1f1b_section_is_on_the_command_line():
+    job_config = ConfigManager().parse_args(
+        ["--job.config_file", str(DEBUG_CONFIG), "--seq1f1b.num_segments", "3",
+         "--seq1f1b.partition", "uniform", "--seq1f1b.attention_backend", "sdpa",
+         "--seq1f1b.align", "8", "--seq1f1b.segment_lengths", "128", "128"]
+    )
+    options = job_config.seq1f1b
+    assert (options.num_segments, options.partition, options.attention_backend) == (
+        3, "uniform", "sdpa"
+    )
+    assert (options.align, options.segment_lengths) == (8, [128, 128])
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,message",
+    [
+        ((), {"cp": 2}, "parallelism.context_parallel_degree=2"),
+        (("--model.flavor", "debugmodel_flex_attn"), {}, "attn_type='flex'"),
+        (("--model.flavor", "debugmodel_varlen_attn"), {}, "attn_type='varlen'"),
+        (("--compile.enable",), {}, "compile.enable"),
+        (("--parallelism.pipeline_parallel_microbatch_size", "3"), {},
+         "training.local_batch_size=4 must be a multiple of "
+         "parallelism.pipeline_parallel_microbatch_size=3"),
+        (("--seq1f1b.num_segments", "0"), {}, "seq1f1b.num_segments=0 must be >= 1"),
+        (("--seq1f1b.num_segments", "300"), {}, "300 segments of at least 1 tokens do not fit in 256"),
+        (("--seq1f1b.num_segments", "130"), {"tp": 2}, "130 segments of at least 2 tokens"),
+        (("--training.seq_len", "250", "--seq1f1b.align", "8"), {}, "align=8"),
+        (("--training.seq_len", "254"), {"tp": 4}, "x tp=4"),
+        (("--seq1f1b.segment_lengths", "100", "100"), {}, "segment_lengths"),
+        (("--validation.enable", "--validation.seq_len", "512"), {},
+         "validation.seq_len=512 differs from training.seq_len=256"),
+        (("--parallelism.pipeline_parallel_layers_per_stage", "1"), {},
+         "pipeline_parallel_layers_per_stage=1 gives 8 stages"),
+        (("--parallelism.pipeline_parallel_schedule_csv", "x.csv"), {},
+         "pipeline_parallel_schedule_csv"),
+    ],
+)
+def test_unsupported_jobs_are_rejected_with_the_option_named(args, kwargs, message):
+    with pytest.raises(Seq1F1BConfigError, match=None) as error:
+        start(*args, **kwargs)
+    assert message in str(error.value)

@@ -1,0 +1,56 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Seq1F1B as a torchtitan 0.2.2 ``pipeline_parallel_schedule``.
+
+``install()`` runs when the package is imported inside a torchtitan job
+(``[experimental] custom_import`` or ``[job] custom_config_module``):
+
+- the llama3 train spec gets :func:`pipeline_llm_seq1f1b` as its pipelining
+  function (every schedule name but "Seq1F1B" still goes to torchtitan's own)
+  and a metrics processor with Seq1F1B's figures;
+- the trainer hands its global valid-token count to the schedule;
+- the shipped dataset is registered, and a TOML's repo-relative path to the
+  shipped tokenizer also works from an installed package;
+- on a machine without an accelerator, torchtitan runs on CPU with gloo.
+"""
+
+import dataclasses
+
+from torchtitan.components.tokenizer import build_hf_tokenizer, HuggingFaceTokenizer
+from torchtitan.config import JobConfig
+from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+
+from torchtitan_seq1f1b.data import register_datasets, resolve_hf_assets_path
+from torchtitan_seq1f1b.integration.cpu import enable_cpu_training
+from torchtitan_seq1f1b.integration.metrics import build_seq1f1b_metrics_processor
+from torchtitan_seq1f1b.integration.pipeline import SCHEDULE_NAME, pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.trainer import install_trainer_hook
+
+__all__ = ["SCHEDULE_NAME", "install", "pipeline_llm_seq1f1b"]
+
+MODEL_NAMES = ("llama3",)
+
+
+def install() -> None:
+    """Idempotent; see the module docstring."""
+    enable_cpu_training()
+    register_datasets()
+    for name in MODEL_NAMES:
+        spec = get_train_spec(name)
+        if spec.pipelining_fn is not pipeline_llm_seq1f1b:
+            register_train_spec(
+                name,
+                dataclasses.replace(
+                    spec,
+                    pipelining_fn=pipeline_llm_seq1f1b,
+                    build_tokenizer_fn=build_tokenizer,
+                    build_metrics_processor_fn=build_seq1f1b_metrics_processor,
+                ),
+            )
+    install_trainer_hook()
+
+
+def build_tokenizer(job_config: JobConfig) -> HuggingFaceTokenizer:
+    job_config.model.hf_assets_path = resolve_hf_assets_path(job_config.model.hf_assets_path)
+    return build_hf_tokenizer(job_config)

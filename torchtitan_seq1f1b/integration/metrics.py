@@ -1,0 +1,72 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan metrics with Seq1F1B's own per-step figures added."""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.config import JobConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.protocols.train_spec import BaseModelArgs
+
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+
+__all__ = ["Seq1F1BMetricsProcessor", "build_seq1f1b_metrics_processor"]
+
+
+class Seq1F1BMetricsProcessor(MetricsProcessor):
+    """Adds, under ``seq1f1b/``, once a Seq1F1B schedule is attached:
+
+    - ``segment_len/<j>``: the plan's segment lengths (tokens);
+    - ``kv_store_peak_bytes``: the largest K/V store of the logged step over
+      all pipeline stages (the first stage's, normally);
+    - ``bubble_estimate``: ``(p-1) / (m*k + p-1)``, the idle fraction of a
+      pipeline of equal-cost units.
+
+    Every rank calls ``log``, so the pipeline-wide maximum is one all-reduce.
+    """
+
+    schedule: ScheduleSeq1F1B | None = None
+
+    def log(
+        self,
+        step: int,
+        global_avg_loss: float,
+        global_max_loss: float,
+        grad_norm: float,
+        extra_metrics: dict[str, Any] | None = None,
+    ):
+        metrics = dict(extra_metrics or {})
+        if self.schedule is not None:
+            metrics.update(self._seq1f1b_metrics(self.schedule))
+        super().log(step, global_avg_loss, global_max_loss, grad_norm, metrics)
+
+    def _seq1f1b_metrics(self, schedule: ScheduleSeq1F1B) -> dict[str, float]:
+        stage = schedule._stages[0]
+        peak = torch.tensor(
+            [max(store.peak_bytes for store in schedule.kv_stores.values())],
+            dtype=torch.int64,
+            device=stage.device,
+        )
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=stage.group)
+        p, m, k = stage.num_stages, schedule.n_real_microbatches, schedule.num_segments
+        metrics = {
+            f"seq1f1b/segment_len/{j}": length
+            for j, length in enumerate(schedule.segment_plan.lengths)
+        }
+        metrics["seq1f1b/kv_store_peak_bytes"] = int(peak.item())
+        metrics["seq1f1b/bubble_estimate"] = (p - 1) / (m * k + p - 1)
+        return metrics
+
+
+def build_seq1f1b_metrics_processor(
+    job_config: JobConfig,
+    parallel_dims: ParallelDims,
+    model_args: BaseModelArgs | None = None,
+    tag: str | None = None,
+) -> Seq1F1BMetricsProcessor:
+    return Seq1F1BMetricsProcessor(job_config, parallel_dims, tag)

@@ -1,0 +1,244 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan pipelining function that adds the "Seq1F1B" schedule name.
+
+Every other ``pipeline_parallel_schedule`` goes to torchtitan's own
+``pipeline_llm`` untouched. For "Seq1F1B" the model is split into one stage
+per pipeline rank, torchtitan's ``parallelize_fn`` (TP, AC, FSDP) is applied
+to each part, the attention ops become segment-aware, and the parts run under
+:class:`ScheduleSeq1F1B` with a plan derived from ``training.seq_len``,
+``[seq1f1b]`` and the model's dims.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from torchtitan.components.loss import LossFunction
+from torchtitan.config import JobConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.pipeline_parallel import (
+    generate_llm_fqn_per_model_part,
+    pipeline_llm,
+    pipeline_module_split,
+)
+from torchtitan.protocols.train_spec import BaseModelArgs, ParallelizeFunction
+from torchtitan.tools.logging import logger
+
+from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+
+__all__ = ["SCHEDULE_NAME", "pipeline_llm_seq1f1b", "segment_plan_for"]
+
+SCHEDULE_NAME = "Seq1F1B"
+
+# A torch schedule with Seq1F1B's stage layout (one stage per rank, "loop"
+# placement), named to pipeline_module_split, which only knows torch's names.
+_SAME_LAYOUT_SCHEDULE = "1F1B"
+
+
+class Seq1F1BConfigError(ValueError):
+    """A job config Seq1F1B cannot run, found before any collective."""
+
+
+def pipeline_llm_seq1f1b(
+    model: nn.Module,
+    parallel_dims: ParallelDims,
+    job_config: JobConfig,
+    device: torch.device,
+    model_args: BaseModelArgs,
+    parallelize_fn: ParallelizeFunction,
+    loss_fn: LossFunction,
+) -> tuple[ScheduleSeq1F1B, list[nn.Module], bool, bool]:
+    """Drop-in for torchtitan's ``pipeline_llm`` (a ``TrainSpec.pipelining_fn``)."""
+    parallelism = job_config.parallelism
+    if parallelism.pipeline_parallel_schedule != SCHEDULE_NAME:
+        return pipeline_llm(
+            model, parallel_dims, job_config, device, model_args, parallelize_fn, loss_fn
+        )
+
+    # Every check below depends on the config only, so all ranks raise alike
+    # before the first pipeline message.
+    _check_job(job_config, parallel_dims, model_args)
+    module_names = _module_names_per_stage(job_config, parallel_dims, model_args)
+    plan = segment_plan_for(job_config, model, parallel_dims)
+    backend = job_config.seq1f1b.attention_backend
+    n_microbatches = (
+        job_config.training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
+    )
+
+    stages, model_parts = pipeline_module_split(
+        model,
+        parallel_dims.get_mesh("pp"),
+        _SAME_LAYOUT_SCHEDULE,
+        device,
+        module_names,
+    )
+    for part in model_parts:
+        wrap_attention(part, _is_llama_inner_attention, backend)
+    for i, part in enumerate(model_parts):
+        model_parts[i] = stages[i].submod = parallelize_fn(part, parallel_dims, job_config)
+
+    schedule = ScheduleSeq1F1B(
+        stages,
+        n_microbatches=n_microbatches,
+        segment_plan=plan,
+        loss_fn=loss_fn,
+        positions_kwarg="positions",
+    )
+    logger.info(
+        f"Using pipeline schedule {SCHEDULE_NAME} with {n_microbatches} microbatches "
+        f"x {plan.num_segments} segments {list(plan.lengths)} over {parallel_dims.pp} "
+        f"stages, attention_backend={backend}"
+    )
+    return schedule, model_parts, stages[0].is_first, stages[0].is_last
+
+
+def segment_plan_for(
+    job_config: JobConfig, model: nn.Module, parallel_dims: ParallelDims
+) -> SegmentPlan:
+    """The plan ``[seq1f1b]`` asks for at ``training.seq_len`` (model may be on meta)."""
+    options = job_config.seq1f1b
+    seq_len = job_config.training.seq_len
+    # Sequence parallel shards every segment over the TP ranks.
+    align = math.lcm(options.align, parallel_dims.tp)
+    where = (
+        f"[seq1f1b] num_segments={options.num_segments}, partition="
+        f"{options.partition!r}, align={options.align} (x tp={parallel_dims.tp}), "
+        f"training.seq_len={seq_len}"
+    )
+    try:
+        if options.segment_lengths:
+            if sum(options.segment_lengths) != seq_len:
+                raise ValueError(
+                    f"segment_lengths={options.segment_lengths} sum to "
+                    f"{sum(options.segment_lengths)}, not {seq_len}"
+                )
+            return SegmentPlan.from_lengths(options.segment_lengths, align)
+        if options.num_segments * align > seq_len:
+            raise ValueError(
+                f"{options.num_segments} segments of at least {align} tokens do not "
+                f"fit in {seq_len}; lower num_segments or align"
+            )
+        if options.partition == "uniform":
+            return SegmentPlan.uniform(seq_len, options.num_segments, align)
+        return SegmentPlan.balanced(seq_len, options.num_segments, _cost_of(model), align)
+    except ValueError as error:
+        raise Seq1F1BConfigError(f"{where}: {error}") from None
+
+
+def _cost_of(model: nn.Module) -> TransformerCost:
+    """The FLOP model of a torchtitan llama3 ``Transformer`` from its real dims."""
+    args = model.model_args
+    block = next(iter(model.layers.values()))
+    return TransformerCost(
+        n_layers=args.n_layers,
+        dim=args.dim,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads or args.n_heads,
+        ffn_hidden_dim=block.feed_forward.w1.out_features,
+        vocab_size=args.vocab_size,
+    )
+
+
+def _is_llama_inner_attention(name: str, module: nn.Module) -> bool:
+    return name.endswith("attention.inner_attention") and not isinstance(
+        module, SegmentAwareAttention
+    )
+
+
+def _check_job(
+    job_config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs
+) -> None:
+    parallelism = job_config.parallelism
+    options = job_config.seq1f1b
+    problems = []
+    if parallel_dims.cp > 1:
+        problems.append(
+            f"parallelism.context_parallel_degree={parallel_dims.cp}: Seq1F1B already "
+            "splits the sequence across pipeline time; set it to 1"
+        )
+    attn_type = getattr(model_args, "attn_type", None)
+    if attn_type != "sdpa":
+        problems.append(
+            f"model.flavor={job_config.model.flavor!r} uses attn_type={attn_type!r}; "
+            "Seq1F1B's segment-aware attention replaces causal SDPA attention (flex "
+            "and varlen document masks are not supported, and neither runs on CPU); "
+            "use a flavor with attn_type='sdpa'"
+        )
+    if parallelism.pipeline_parallel_schedule_csv:
+        problems.append(
+            "parallelism.pipeline_parallel_schedule_csv is set; Seq1F1B generates its "
+            "own order, so leave it empty"
+        )
+    if job_config.compile.enable and "model" in job_config.compile.components:
+        problems.append(
+            "compile.enable with compile.components including 'model' is not supported "
+            "with Seq1F1B: the segment-aware attention reads per-unit state that "
+            "torch.compile would specialise on; set compile.enable=false or "
+            "compile.components=['loss']"
+        )
+    validation = job_config.validation
+    if validation.enable and validation.seq_len != job_config.training.seq_len:
+        problems.append(
+            f"validation.seq_len={validation.seq_len} differs from training.seq_len="
+            f"{job_config.training.seq_len}; the segment plan serves both, so set "
+            "them equal"
+        )
+    if options.num_segments < 1:
+        problems.append(f"seq1f1b.num_segments={options.num_segments} must be >= 1")
+    batch, microbatch = (
+        job_config.training.local_batch_size,
+        parallelism.pipeline_parallel_microbatch_size,
+    )
+    if microbatch < 1 or batch % microbatch:
+        problems.append(
+            f"training.local_batch_size={batch} must be a multiple of "
+            f"parallelism.pipeline_parallel_microbatch_size={microbatch}"
+        )
+    if problems:
+        raise Seq1F1BConfigError(
+            "Seq1F1B cannot run this job:\n  - " + "\n  - ".join(problems)
+        )
+
+
+def _module_names_per_stage(
+    job_config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs
+) -> list[list[str]]:
+    """One model part per pipeline rank, as torchtitan would split it."""
+    parallelism = job_config.parallelism
+    names = parallelism.module_fqns_per_model_part
+    if names is None:
+        num_stages = parallel_dims.pp
+        layers_per_stage = parallelism.pipeline_parallel_layers_per_stage
+        if layers_per_stage is not None:
+            num_stages = math.ceil(
+                (
+                    model_args.n_layers
+                    + parallelism.pipeline_parallel_first_stage_less_layers
+                    + parallelism.pipeline_parallel_last_stage_less_layers
+                )
+                / layers_per_stage
+            )
+        if num_stages != parallel_dims.pp:
+            raise Seq1F1BConfigError(
+                f"parallelism.pipeline_parallel_layers_per_stage={layers_per_stage} "
+                f"gives {num_stages} stages, but Seq1F1B runs one stage per pipeline "
+                f"rank ({parallel_dims.pp}); unset it or choose "
+                f"{model_args.n_layers // parallel_dims.pp} or more"
+            )
+        names = generate_llm_fqn_per_model_part(
+            num_stages,
+            model_args.n_layers,
+            parallelism.pipeline_parallel_first_stage_less_layers,
+            parallelism.pipeline_parallel_last_stage_less_layers,
+        )
+    if len(names) != parallel_dims.pp:
+        raise Seq1F1BConfigError(
+            f"parallelism.module_fqns_per_model_part has {len(names)} parts, but "
+            f"Seq1F1B runs one stage per pipeline rank ({parallel_dims.pp})"
+        )
+    return names
