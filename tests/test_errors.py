@@ -90,3 +90,12 @@ def test_untested_torch_is_refused_with_the_fix(monkeypatch):
 def test_segment_plan_must_fit_sequence_length():
     with pytest.raises(ValueError, match="seq_len"):
         SegmentPlan.uniform(10, 11)
+
+
+def test_sequence_parallel_shards_scale_with_segment_length():
+    from torchtitan_seq1f1b._torch_compat import scaled_seq_len
+
+    assert scaled_seq_len(8, 16, 12) == 6  # tp=2: 16 tokens held as 8 entries
+    assert scaled_seq_len(16, 16, 13) == 13
+    with pytest.raises(ValueError, match="multiple of the sequence-parallel degree"):
+        scaled_seq_len(8, 16, 13)

@@ -15,7 +15,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
-from torchtitan_seq1f1b.integration import pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration import install, pipeline_llm_seq1f1b
 from torchtitan_seq1f1b.integration.pipeline import (
     _check_job,
     _module_names_per_stage,
@@ -24,6 +24,13 @@ from torchtitan_seq1f1b.integration.pipeline import (
 )
 
 from tests.titan import DEBUG_CONFIG, REPO
+
+
+@pytest.fixture(autouse=True, scope="module")
+def installed():
+    """What ``custom_import`` does in a job (this process may have imported the
+    package before torchtitan, when importing it installs nothing)."""
+    install()
 
 
 def _job(config, *args):
@@ -115,3 +122,21 @@ def test_unsupported_jobs_are_rejected_with_the_option_named(args, kwargs, messa
     with pytest.raises(Seq1F1BConfigError, match=None) as error:
         start(*args, **kwargs)
     assert message in str(error.value)
+
+
+def test_cpu_support_changes_nothing_where_an_accelerator_exists(monkeypatch):
+    from torchtitan_seq1f1b.integration import cpu
+
+    monkeypatch.setattr(cpu, "_get_available_device_type", lambda: "cuda")
+    assert cpu.enable_cpu_training() is False
+
+
+def test_cpu_support_points_torchtitan_at_the_cpu():
+    import torchtitan.components.metrics as metrics
+    import torchtitan.distributed.utils as dist_utils
+    from torch.distributed.fsdp import FSDPModule
+
+    assert metrics.device_type == dist_utils.device_type == "cpu"
+    assert dist_utils.device_module.current_device() == 0
+    assert dist_utils.device_module.memory_stats()["active_bytes.all.peak"] > 0
+    assert getattr(FSDPModule.set_gradient_divide_factor, "_seq1f1b_cpu", False)
