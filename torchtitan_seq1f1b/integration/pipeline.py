@@ -227,8 +227,8 @@ def _module_names_per_stage(
             raise Seq1F1BConfigError(
                 f"parallelism.pipeline_parallel_layers_per_stage={layers_per_stage} "
                 f"gives {num_stages} stages, but Seq1F1B runs one stage per pipeline "
-                f"rank ({parallel_dims.pp}); unset it or choose "
-                f"{model_args.n_layers // parallel_dims.pp} or more"
+                f"rank ({parallel_dims.pp}); unset it, or pick a value giving "
+                f"{parallel_dims.pp} stages"
             )
         names = generate_llm_fqn_per_model_part(
             num_stages,
