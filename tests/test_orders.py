@@ -4,10 +4,20 @@
 """Seq1F1B compute orders, the segment action type and the order checker."""
 
 import itertools
-import pytest
-from torch.distributed.pipelining import Schedule1F1B
+from collections import Counter
 
-from torchtitan_seq1f1b import SegmentAction, ScheduleOrderError, seq1f1b_order, validate_order
+import pytest
+from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+
+from torchtitan_seq1f1b import (
+    interleaved_seq1f1b_order,
+    SegmentAction,
+    ScheduleOrderError,
+    seq1f1b_order,
+    seq1f1b_zero_bubble_order,
+    validate_order,
+)
+from torchtitan_seq1f1b.orders import lower_order
 
 GRID = list(itertools.product(range(1, 9), range(1, 9), range(1, 9)))
 
@@ -128,3 +138,87 @@ def test_checker_rejects_bad_orders(order, match):
     k = 1 + max(a.segment for acts in order.values() for a in acts)
     with pytest.raises(ScheduleOrderError, match=match):
         validate_order(order, p, m, k)
+
+
+# ---- interleaved ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p,v", itertools.product(range(2, 9), range(2, 5)), ids=str)
+def test_every_interleaved_order_is_valid(p, v):
+    """The whole grid the issue names: m 1..16, k 1..8, loop placement."""
+    for m, k in itertools.product(range(1, 17), range(1, 9)):
+        order = interleaved_seq1f1b_order(p, v, m, k)
+        validate_order(order, p * v, m, k, stage_to_rank=lambda s: s % p)
+
+
+def test_interleaved_warmup_extends_torch_by_k_minus_1():
+    """Rounds of whole microbatches: warmup (v-1)*round + 2*(p-1-r) + (k-1)."""
+    p, v, m, k = 4, 2, 8, 2  # 16 units in 4 rounds of 4 = 2 microbatches
+    order = interleaved_seq1f1b_order(p, v, m, k)
+    for rank, actions in order.items():
+        warmup = next(i for i, a in enumerate(actions) if a.kind == "B") - 1
+        assert warmup == (v - 1) * 4 + 2 * (p - 1 - rank) + (k - 1)
+
+
+class _PlacedStage:
+    """The attributes torch's multi-stage schedules read while building an order."""
+
+    def __init__(self, stage_index: int, num_stages: int, group_size: int, group_rank: int):
+        self.stage_index, self.num_stages = stage_index, num_stages
+        self.group_size, self.group_rank = group_size, group_rank
+        self.is_first, self.is_last = stage_index == 0, stage_index == num_stages - 1
+        self.submod = None
+
+
+@pytest.mark.parametrize(
+    "p,v,m",
+    [(p, v, m) for p in (2, 3, 4) for v in (2, 3) for m in range(1, 13) if m % max(1, m // p) == 0],
+    ids=str,
+)
+def test_one_segment_is_torch_interleaved_1f1b(p, v, m):
+    """k=1 is exactly torch's Interleaved1F1B order, for every m torch accepts."""
+    ours = lower_order(interleaved_seq1f1b_order(p, v, m, 1), 1)
+    for rank in range(p):
+        stages = [_PlacedStage(rank + c * p, p * v, p, rank) for c in range(v)]
+        torch_order = ScheduleInterleaved1F1B(stages, m).pipeline_order[rank]
+        assert [str(a) for a in ours[rank]] == [str(a) for a in torch_order if a is not None]
+
+
+# ---- zero bubble -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p,m,k", GRID, ids=lambda v: str(v))
+def test_every_zero_bubble_order_is_valid(p, m, k):
+    order = seq1f1b_zero_bubble_order(p, m, k)
+    validate_order(order, p, m, k)
+    plain = seq1f1b_order(p, m, k)
+    for rank, actions in order.items():
+        assert Counter(a.kind for a in actions) == {"F": m * k, "I": m * k, "W": m * k}
+        # Forwards and input gradients keep Seq1F1B's relative order.
+        assert [(a.kind, a.unit) for a in actions if a.kind != "W"] == [
+            ("I" if a.kind == "B" else "F", a.unit) for a in plain[rank]
+        ]
+        # No rank holds more units awaiting W than Seq1F1B's rank 0 holds awaiting B.
+        in_flight = peak = 0
+        for a in actions:
+            in_flight += {"F": 1, "I": 0, "W": -1}[a.kind]
+            peak = max(peak, in_flight)
+        assert peak <= min(m * k, p + k - 1)
+
+
+def test_zero_bubble_p4_m2_k2():
+    """Rank r defers W by warmup_0 - warmup_r; the deferred ones fill the tail."""
+    expected = _order({
+        0: "0F0.0 0F0.1 0F1.0 0F1.1 0I0.1 0W0.1 0I0.0 0W0.0 0I1.1 0W1.1 0I1.0 0W1.0",
+        3: "3F0.0 3F0.1 3I0.1 3F1.0 3I0.0 3F1.1 3I1.1 3I1.0 3W0.1 3W0.0 3W1.1 3W1.0",
+    })
+    order = seq1f1b_zero_bubble_order(4, 2, 2)
+    assert {r: order[r] for r in expected} == expected
+
+
+def test_checker_rejects_first_stage_weight_gradients_out_of_segment_order():
+    """Stage 0 computes its whole backward in W: segment j's W needs j+1's first."""
+    order = seq1f1b_zero_bubble_order(2, 1, 2)
+    order.update(_order({0: "0F0.0 0F0.1 0I0.1 0I0.0 0W0.0 0W0.1"}))
+    with pytest.raises(ScheduleOrderError, match="weight gradient before segment 1"):
+        validate_order(order, 2, 1, 2)

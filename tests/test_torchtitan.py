@@ -124,6 +124,29 @@ def test_pp2_matches_unpipelined(run, unpipelined, partition, segments):
     )
 
 
+@pytest.mark.parametrize("schedule", ["InterleavedSeq1F1B", "Seq1F1BZeroBubble"])
+def test_variants_pp2_match_unpipelined(run, unpipelined, schedule):
+    variant = run(
+        2,
+        "--parallelism.pipeline_parallel_schedule", schedule,
+        "--seq1f1b.num_segments", "3",
+        name=schedule,
+    )
+    stages = 4 if schedule == "InterleavedSeq1F1B" else 2
+    assert f"Using pipeline schedule {schedule} with 2 microbatches x 3 segments" in variant.output
+    assert f"over {stages} stages on 2 ranks" in variant.output
+    assert_same_training(variant, unpipelined)
+
+
+def test_zero_bubble_fsdp_pp_matches_fsdp(run, fsdp_unpipelined):
+    variant = run(
+        4,
+        "--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble",
+        "--parallelism.data_parallel_shard_degree", "2",
+    )
+    assert_same_training(variant, fsdp_unpipelined)
+
+
 def test_pp4_with_validation_matches_unpipelined(run, unpipelined):
     seq1f1b = run(4, "--parallelism.pipeline_parallel_degree", "4", *VALIDATION_ARGS)
     assert_same_training(seq1f1b, unpipelined)

@@ -20,6 +20,7 @@ from torchtitan_seq1f1b.integration.pipeline import (
     _check_job,
     _module_names_per_stage,
     Seq1F1BConfigError,
+    SCHEDULES,
     segment_plan_for,
 )
 
@@ -70,7 +71,8 @@ def test_real_hardware_configs_pass_start_up_checks(name, segments):
         * parallelism.pipeline_parallel_degree,
     )
     _check_job(job_config, dims, model_args)
-    assert len(_module_names_per_stage(job_config, dims, model_args)) == dims.pp
+    entry = SCHEDULES[parallelism.pipeline_parallel_schedule]
+    assert len(_module_names_per_stage(job_config, dims, model_args, entry)) == dims.pp
     plan = segment_plan_for(job_config, model, dims)
     assert plan.num_segments == segments and plan.seq_len == job_config.training.seq_len
     assert all(length % 128 == 0 for length in plan.lengths)
@@ -79,6 +81,17 @@ def test_real_hardware_configs_pass_start_up_checks(name, segments):
 
 def test_seq1f1b_is_the_llama3_pipelining_function():
     assert get_train_spec("llama3").pipelining_fn is pipeline_llm_seq1f1b
+
+
+@pytest.mark.parametrize("name,stages_per_rank", [("InterleavedSeq1F1B", 2), ("Seq1F1BZeroBubble", 1)])
+def test_variant_stage_layouts_follow_torchtitan_rules(name, stages_per_rank):
+    job_config, _, model_args, _ = _job(
+        DEBUG_CONFIG, "--parallelism.pipeline_parallel_schedule", name
+    )
+    dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
+    names = _module_names_per_stage(job_config, dims, model_args, SCHEDULES[name])
+    assert len(names) == 2 * stages_per_rank
+    assert names[0][0] == "tok_embeddings" and names[-1][-1] == "output"
 
 
 def test_seq1f1b_section_is_on_the_command_line():
@@ -116,6 +129,16 @@ def test_seq1f1b_section_is_on_the_command_line():
          "pipeline_parallel_layers_per_stage=1 gives 8 stages"),
         (("--parallelism.pipeline_parallel_schedule_csv", "x.csv"), {},
          "pipeline_parallel_schedule_csv"),
+        (("--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble",
+          "--parallelism.pipeline_parallel_layers_per_stage", "2"), {},
+         "gives 4 stages, but Seq1F1BZeroBubble runs one stage per pipeline rank (2)"),
+        (("--parallelism.pipeline_parallel_schedule", "InterleavedSeq1F1B",
+          "--parallelism.pipeline_parallel_layers_per_stage", "4"), {},
+         "gives 2 stages, but InterleavedSeq1F1B needs a multiple of the pipeline "
+         "degree (2) with at least 2 stages per rank"),
+        (("--parallelism.pipeline_parallel_schedule", "InterleavedSeq1F1B",
+          "--parallelism.pipeline_parallel_layers_per_stage", "3"), {},
+         "gives 3 stages, but InterleavedSeq1F1B needs a multiple"),
     ],
 )
 def test_unsupported_jobs_are_rejected_with_the_option_named(args, kwargs, message):

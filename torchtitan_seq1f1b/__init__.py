@@ -12,18 +12,32 @@ import sys
 
 from torchtitan_seq1f1b.actions import SegmentAction
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
-from torchtitan_seq1f1b.orders import ScheduleOrderError, seq1f1b_order, validate_order
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.orders import (
+    interleaved_seq1f1b_order,
+    ScheduleOrderError,
+    seq1f1b_order,
+    seq1f1b_zero_bubble_order,
+    validate_order,
+)
+from torchtitan_seq1f1b.schedule import (
+    ScheduleInterleavedSeq1F1B,
+    ScheduleSeq1F1B,
+    ScheduleSeq1F1BZeroBubble,
+)
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
+    "ScheduleInterleavedSeq1F1B",
     "ScheduleOrderError",
     "ScheduleSeq1F1B",
+    "ScheduleSeq1F1BZeroBubble",
     "SegmentAction",
     "SegmentAwareAttention",
     "SegmentPlan",
     "TransformerCost",
+    "interleaved_seq1f1b_order",
     "seq1f1b_order",
+    "seq1f1b_zero_bubble_order",
     "validate_order",
     "wrap_attention",
 ]

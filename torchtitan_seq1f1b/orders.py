@@ -3,12 +3,22 @@
 
 """Seq1F1B per-rank compute orders and the checker every order must pass.
 
-Notation: p stages (one per rank), m microbatches, k segments, rank r.
-Forwards run in unit order (0,0), (0,1), ..., (m-1,k-1). Backwards are FIFO
-over microbatches and LIFO over segments, since segment j's K/V gradients
-come from segments j+1..k-1. Rank r runs ``min(m*k, (p-r-1) + (k-1))``
-warmup forwards, then one-forward-one-backward pairs, then the remaining
-backwards. With k = 1 this is exactly torch's 1F1B order.
+Notation: p ranks, v stages (model chunks) per rank, m microbatches, k
+segments, rank r. On every stage, forwards run in unit order (0,0), (0,1),
+..., (m-1,k-1) and backwards are FIFO over microbatches and LIFO over
+segments, since segment j's K/V gradients come from segments j+1..k-1.
+
+- :func:`seq1f1b_order` (v = 1): rank r runs ``min(m*k, (p-r-1) + (k-1))``
+  warmup forwards, then one-forward-one-backward pairs, then the remaining
+  backwards. With k = 1 this is exactly torch's 1F1B order.
+- :func:`interleaved_seq1f1b_order` (v >= 2, stage ``c*p + r`` on rank r):
+  torch's interleaved 1F1B over the m*k units, whose warmup grows by the
+  forwards a rank must run before its first backward is possible (k - 1
+  more when rounds hold whole microbatches). With k = 1 it is exactly
+  torch's Interleaved1F1B order.
+- :func:`seq1f1b_zero_bubble_order` (v = 1): Seq1F1B with every backward
+  split into an input-gradient (I) and a weight-gradient (W) action; W runs
+  deferred so that it fills bubbles, ZB-H1 style, within 1F1B's memory.
 """
 
 from collections import defaultdict
@@ -19,8 +29,10 @@ from torchtitan_seq1f1b.actions import SegmentAction
 
 __all__ = [
     "ScheduleOrderError",
+    "interleaved_seq1f1b_order",
     "lower_order",
     "seq1f1b_order",
+    "seq1f1b_zero_bubble_order",
     "validate_order",
 ]
 
@@ -31,7 +43,20 @@ class ScheduleOrderError(ValueError):
     """A compute order that is incomplete, misordered or would deadlock."""
 
 
-def _backward_units(n_microbatches: int, num_segments: int) -> list[tuple[int, int]]:
+Unit = tuple[int, int]
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+
+
+def _forward_units(n_microbatches: int, num_segments: int) -> list[Unit]:
+    return [(i, j) for i in range(n_microbatches) for j in range(num_segments)]
+
+
+def _backward_units(n_microbatches: int, num_segments: int) -> list[Unit]:
     return [
         (i, j)
         for i in range(n_microbatches)
@@ -39,26 +64,132 @@ def _backward_units(n_microbatches: int, num_segments: int) -> list[tuple[int, i
     ]
 
 
+def _one_forward_one_backward(
+    forwards: list[SegmentAction], backwards: list[SegmentAction], warmup: int
+) -> list[SegmentAction]:
+    """``warmup`` forwards, then forward/backward pairs, then the remaining backwards."""
+    actions = forwards[:warmup]
+    pending = iter(backwards)
+    for forward in forwards[warmup:]:
+        actions += [forward, next(pending)]
+    actions.extend(pending)
+    return actions
+
+
+def _seq1f1b_warmup(num_stages: int, rank: int, n_units: int, num_segments: int) -> int:
+    return min(n_units, (num_stages - rank - 1) + (num_segments - 1))
+
+
 def seq1f1b_order(num_stages: int, n_microbatches: int, num_segments: int) -> Order:
     """The Seq1F1B order of every rank, one stage per rank."""
-    for name, value in (
-        ("num_stages", num_stages),
-        ("n_microbatches", n_microbatches),
-        ("num_segments", num_segments),
-    ):
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1")
-    units = [(i, j) for i in range(n_microbatches) for j in range(num_segments)]
+    _check_positive(
+        num_stages=num_stages, n_microbatches=n_microbatches, num_segments=num_segments
+    )
+    units = _forward_units(n_microbatches, num_segments)
     backward_units = _backward_units(n_microbatches, num_segments)
+    return {
+        rank: _one_forward_one_backward(
+            [SegmentAction(rank, "F", *u) for u in units],
+            [SegmentAction(rank, "B", *u) for u in backward_units],
+            _seq1f1b_warmup(num_stages, rank, len(units), num_segments),
+        )
+        for rank in range(num_stages)
+    }
+
+
+def _round_sizes(n_units: int, num_ranks: int) -> list[int]:
+    """Torch's interleaved rounds, ``max(1, n // p)`` of them, spread evenly.
+
+    torch requires the units to divide into its rounds; rounds that differ by
+    one unit give a valid order as well, so no unit count is refused.
+    """
+    rounds = max(1, n_units // num_ranks)
+    size, larger = divmod(n_units, rounds)
+    return [size + 1] * larger + [size] * (rounds - larger)
+
+
+def _by_rounds(
+    units: list[Unit], round_sizes: list[int], chunks: list[int]
+) -> list[tuple[int, Unit]]:
+    """(chunk, unit) in round-robin order: every chunk runs a round's units in turn."""
+    order, start = [], 0
+    for size in round_sizes:
+        order += [(chunk, unit) for chunk in chunks for unit in units[start : start + size]]
+        start += size
+    return order
+
+
+def interleaved_seq1f1b_order(
+    num_ranks: int, num_chunks: int, n_microbatches: int, num_segments: int
+) -> Order:
+    """Interleaved Seq1F1B: ``num_chunks`` stages per rank, stage ``c*p + r`` on rank r.
+
+    Every rank runs the same chunk/unit sequences (torch's interleaved rounds
+    over units). Forwards take the chunks in turn; backwards take them last to
+    first, over units FIFO by microbatch and LIFO by segment. A rank's first
+    backward needs its forward done first; torch's warmup
+    ``(v-1)*round + 2*(p-1-r)`` is generalised to that need plus ``2*(p-1-r)``,
+    which is ``(v-1)*round + (k-1) + 2*(p-1-r)`` when rounds hold whole
+    microbatches.
+    """
+    _check_positive(
+        num_ranks=num_ranks,
+        num_chunks=num_chunks,
+        n_microbatches=n_microbatches,
+        num_segments=num_segments,
+    )
+    units = _forward_units(n_microbatches, num_segments)
+    sizes = _round_sizes(len(units), num_ranks)
+    forwards = _by_rounds(units, sizes, list(range(num_chunks)))
+    backwards = _by_rounds(
+        _backward_units(n_microbatches, num_segments), sizes, list(reversed(range(num_chunks)))
+    )
+    position = {chunk_unit: index for index, chunk_unit in enumerate(forwards)}
+    # The b-th backward runs right after forward number warmup + b.
+    first_backward_need = max(position[cu] - b for b, cu in enumerate(backwards))
+    order: Order = {}
+    for rank in range(num_ranks):
+        warmup = min(len(forwards), first_backward_need + 2 * (num_ranks - 1 - rank))
+        order[rank] = _one_forward_one_backward(
+            [SegmentAction(c * num_ranks + rank, "F", *u) for c, u in forwards],
+            [SegmentAction(c * num_ranks + rank, "B", *u) for c, u in backwards],
+            warmup,
+        )
+    return order
+
+
+def seq1f1b_zero_bubble_order(
+    num_stages: int, n_microbatches: int, num_segments: int
+) -> Order:
+    """Seq1F1B with split backwards, ZB-H1 style; one stage per rank.
+
+    Forwards and input gradients (I) follow :func:`seq1f1b_order`. Rank r
+    defers its weight gradients (W, in I order) by ``warmup_0 - warmup_r``
+    actions (r when nothing is capped): every rank then holds at most rank
+    0's ``p + k - 1`` units whose W is outstanding, 1F1B's peak, and the
+    deferred W actions fill the cooldown, where later ranks would idle.
+    """
+    _check_positive(
+        num_stages=num_stages, n_microbatches=n_microbatches, num_segments=num_segments
+    )
+    units = _forward_units(n_microbatches, num_segments)
+    backward_units = _backward_units(n_microbatches, num_segments)
+    first_warmup = _seq1f1b_warmup(num_stages, 0, len(units), num_segments)
     order: Order = {}
     for rank in range(num_stages):
-        warmup = min(len(units), (num_stages - rank - 1) + (num_segments - 1))
-        actions = [SegmentAction(rank, "F", *u) for u in units[:warmup]]
-        backwards = iter(backward_units)
-        for unit in units[warmup:]:
-            actions.append(SegmentAction(rank, "F", *unit))
-            actions.append(SegmentAction(rank, "B", *next(backwards)))
-        actions.extend(SegmentAction(rank, "B", *unit) for unit in backwards)
+        warmup = _seq1f1b_warmup(num_stages, rank, len(units), num_segments)
+        deferred = first_warmup - warmup
+        forwards = iter(units)
+        actions = [SegmentAction(rank, "F", *next(forwards)) for _ in range(warmup)]
+        weights = iter(backward_units)
+        for index, unit in enumerate(backward_units):
+            forward = next(forwards, None)
+            if forward is not None:
+                actions.append(SegmentAction(rank, "F", *forward))
+            actions.append(SegmentAction(rank, "I", *unit))
+            if index >= deferred:
+                actions.append(SegmentAction(rank, "W", *next(weights)))
+        actions.extend(SegmentAction(rank, "W", *unit) for unit in weights)
         order[rank] = actions
     return order
 
@@ -91,7 +222,7 @@ def _check_stage_sequence(
                     f"{where}: segment {j} weight gradient before segment {j + 1}"
                 )
         done[action.kind].append(action.unit)
-    expected = [(i, j) for i in range(n_microbatches) for j in range(num_segments)]
+    expected = _forward_units(n_microbatches, num_segments)
     if done["F"] != expected:
         raise ScheduleOrderError(
             f"stage {stage}: forwards must run every unit once in (microbatch, "

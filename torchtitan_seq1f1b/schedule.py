@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""``ScheduleSeq1F1B``: 1F1B over (microbatch, sequence segment) units.
+"""Seq1F1B schedules: pipelines over (microbatch, sequence segment) units.
 
 Each microbatch is cut into the segments of a :class:`SegmentPlan` and the
 pipeline runs segments as its units of work (arXiv 2406.03488). Rank 0 then
@@ -9,6 +9,13 @@ holds ``(p + k - 1) / k`` microbatches of activations instead of 1F1B's ``p``,
 and the bubble shrinks from ``(p-1)/(m+p-1)`` to ``(p-1)/(m*k+p-1)``.
 Gradients equal those of unsplit training: attention layers wrapped in
 :class:`SegmentAwareAttention` see every earlier segment of their microbatch.
+
+- :class:`ScheduleSeq1F1B`: one stage per rank, 1F1B over units.
+- :class:`ScheduleInterleavedSeq1F1B`: several stages per rank (loop
+  placement), interleaved 1F1B over units.
+- :class:`ScheduleSeq1F1BZeroBubble`: one stage per rank, every backward split
+  into input- and weight-gradient steps, weight gradients deferred into the
+  bubbles (ZB-H1 style).
 """
 
 import contextlib
@@ -33,10 +40,21 @@ from torchtitan_seq1f1b._torch_compat import (
 )
 from torchtitan_seq1f1b.actions import SegmentAction
 from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, unit_scope
-from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
+from torchtitan_seq1f1b.orders import (
+    interleaved_seq1f1b_order,
+    lower_order,
+    Order,
+    seq1f1b_order,
+    seq1f1b_zero_bubble_order,
+    validate_order,
+)
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["ScheduleSeq1F1B"]
+__all__ = [
+    "ScheduleInterleavedSeq1F1B",
+    "ScheduleSeq1F1B",
+    "ScheduleSeq1F1BZeroBubble",
+]
 
 
 class ScheduleSeq1F1B(_PipelineScheduleRuntime):
@@ -88,7 +106,8 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         ignore_index: int = -100,
     ):
         stages = [stages] if isinstance(stages, _PipelineStageBase) else list(stages)
-        _check_config(stages, n_microbatches, segment_plan)
+        _check_plan(n_microbatches, segment_plan)
+        self._check_stage_layout(stages)
         self.segment_plan = segment_plan
         self.num_segments = segment_plan.num_segments
         self.n_real_microbatches = n_microbatches
@@ -117,15 +136,27 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
 
         self.segment_order = self._build_segment_order()
         validate_order(
-            self.segment_order, self._num_stages, n_microbatches, self.num_segments
+            self.segment_order,
+            self._num_stages,
+            n_microbatches,
+            self.num_segments,
+            self._stage_to_rank,
         )
         self.pipeline_order = lower_order(self.segment_order, self.num_segments)
         self._prepare_schedule_with_comms(self.pipeline_order)
 
-    def _build_segment_order(self) -> dict[int, list[SegmentAction]]:
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        _check_one_stage_per_rank(stages, "ScheduleSeq1F1B")
+
+    def _build_segment_order(self) -> Order:
+        """Every rank's compute order; subclasses replace it with their variant's."""
         return seq1f1b_order(
             self._num_stages, self.n_real_microbatches, self.num_segments
         )
+
+    def _stage_to_rank(self, stage_index: int) -> int:
+        return self.stage_index_to_group_rank[stage_index]
 
     @property
     def _chunk_seq_lens(self) -> list[int]:
@@ -335,10 +366,63 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         return merge_chunks(per_microbatch, self._output_merge_spec)
 
 
-def _check_config(
-    stages: list[_PipelineStageBase], n_microbatches: int, segment_plan: SegmentPlan
-) -> None:
-    """Reject bad configurations before any collective runs."""
+class ScheduleInterleavedSeq1F1B(ScheduleSeq1F1B):
+    """Seq1F1B with several stages (model chunks) per rank, loop placement.
+
+    Rank r holds stages ``r, r + p, ..., r + (v-1)*p``, as for torch's
+    ``ScheduleInterleaved1F1B``, and runs interleaved 1F1B over the m*k units
+    (:func:`~torchtitan_seq1f1b.orders.interleaved_seq1f1b_order`). The bubble
+    shrinks to ``(p-1)/(v*m*k + p-1)``; rank 0 holds about
+    ``((v+1)*p + k - 2) / (v*k)`` microbatches of activations. Any m and k
+    work; with k = 1 the order is torch's Interleaved1F1B order.
+
+    Takes the same arguments as :class:`ScheduleSeq1F1B`, with ``stages`` the
+    list of this rank's v >= 2 stages.
+    """
+
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        _check_loop_placement(stages, "ScheduleInterleavedSeq1F1B")
+
+    def _build_segment_order(self) -> Order:
+        return interleaved_seq1f1b_order(
+            self.pp_group_size,
+            len(self._stages),
+            self.n_real_microbatches,
+            self.num_segments,
+        )
+
+
+class ScheduleSeq1F1BZeroBubble(ScheduleSeq1F1B):
+    """Seq1F1B with split backwards, ZB-H1 style; one stage per rank.
+
+    Every unit's backward runs as an input-gradient step (I, what the previous
+    stage waits for) and a weight-gradient step (W). Rank r defers its W steps
+    by r, so they fill the cooldown where a later rank would idle, while no
+    rank holds more units awaiting W than Seq1F1B's rank 0 holds awaiting
+    backward (p + k - 1). The bubble drops to roughly a third of Seq1F1B's
+    when I and W cost about a forward each
+    (:func:`~torchtitan_seq1f1b.orders.seq1f1b_zero_bubble_order`).
+
+    On the first stage torch computes the whole backward in the W step (its
+    inputs are tokens), so W steps of a microbatch run last segment first, as
+    the K/V gradient routing needs; I steps on other stages carry the K/V
+    prefix gradients, and W steps only read the banked activation gradients.
+    Takes the same arguments as :class:`ScheduleSeq1F1B`.
+    """
+
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        _check_one_stage_per_rank(stages, "ScheduleSeq1F1BZeroBubble")
+
+    def _build_segment_order(self) -> Order:
+        return seq1f1b_zero_bubble_order(
+            self._num_stages, self.n_real_microbatches, self.num_segments
+        )
+
+
+def _check_plan(n_microbatches: int, segment_plan: SegmentPlan) -> None:
+    """Reject a bad plan or microbatch count before any collective runs."""
     if not isinstance(segment_plan, SegmentPlan):
         raise TypeError(
             f"segment_plan must be a SegmentPlan, got {type(segment_plan).__name__}; "
@@ -346,13 +430,37 @@ def _check_config(
         )
     if n_microbatches < 1:
         raise ValueError(f"n_microbatches={n_microbatches} must be >= 1")
+
+
+def _check_one_stage_per_rank(stages: list[_PipelineStageBase], schedule: str) -> None:
     if len(stages) != 1:
         raise ValueError(
-            f"ScheduleSeq1F1B runs one stage per rank but got {len(stages)} stages"
+            f"{schedule} runs one stage per rank but got {len(stages)} stages; "
+            "use ScheduleInterleavedSeq1F1B for several stages per rank"
         )
     stage = stages[0]
     if stage.num_stages != stage.group_size:
         raise ValueError(
-            f"ScheduleSeq1F1B needs num_stages == pipeline group size; got "
+            f"{schedule} needs num_stages == pipeline group size; got "
             f"{stage.num_stages} stages on {stage.group_size} ranks"
+        )
+
+
+def _check_loop_placement(stages: list[_PipelineStageBase], schedule: str) -> None:
+    if len(stages) < 2:
+        raise ValueError(
+            f"{schedule} needs at least 2 stages per rank, got {len(stages)}; "
+            "use ScheduleSeq1F1B for one stage per rank"
+        )
+    first = stages[0]
+    ranks, rank = first.group_size, first.group_rank
+    expected = [rank + chunk * ranks for chunk in range(len(stages))]
+    if first.num_stages != len(stages) * ranks or [
+        s.stage_index for s in stages
+    ] != expected:
+        raise ValueError(
+            f"{schedule} places stages in a loop: with {ranks} ranks and "
+            f"{len(stages)} stages per rank, rank {rank} must hold stages {expected} "
+            f"of {len(stages) * ranks}; got stages "
+            f"{[s.stage_index for s in stages]} of {first.num_stages}"
         )

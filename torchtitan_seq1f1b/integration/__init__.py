@@ -7,7 +7,8 @@
 (``[experimental] custom_import`` or ``[job] custom_config_module``):
 
 - the llama3 train spec gets :func:`pipeline_llm_seq1f1b` as its pipelining
-  function (every schedule name but "Seq1F1B" still goes to torchtitan's own)
+  function (every schedule name but "Seq1F1B", "InterleavedSeq1F1B" and
+  "Seq1F1BZeroBubble" still goes to torchtitan's own)
   and a metrics processor with Seq1F1B's figures;
 - the trainer hands its global valid-token count to the schedule;
 - the shipped dataset is registered, and a TOML's repo-relative path to the
@@ -24,10 +25,10 @@ from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 from torchtitan_seq1f1b.data import register_datasets, resolve_hf_assets_path
 from torchtitan_seq1f1b.integration.cpu import enable_cpu_training
 from torchtitan_seq1f1b.integration.metrics import build_seq1f1b_metrics_processor
-from torchtitan_seq1f1b.integration.pipeline import SCHEDULE_NAME, pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.pipeline import pipeline_llm_seq1f1b, SCHEDULES
 from torchtitan_seq1f1b.integration.trainer import install_trainer_hook
 
-__all__ = ["SCHEDULE_NAME", "install", "pipeline_llm_seq1f1b"]
+__all__ = ["SCHEDULES", "install", "pipeline_llm_seq1f1b"]
 
 MODEL_NAMES = ("llama3",)
 

@@ -1,17 +1,21 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""torchtitan pipelining function that adds the "Seq1F1B" schedule name.
+"""torchtitan pipelining function that adds the Seq1F1B schedule names.
 
-Every other ``pipeline_parallel_schedule`` goes to torchtitan's own
-``pipeline_llm`` untouched. For "Seq1F1B" the model is split into one stage
-per pipeline rank, torchtitan's ``parallelize_fn`` (TP, AC, FSDP) is applied
-to each part, the attention ops become segment-aware, and the parts run under
-:class:`ScheduleSeq1F1B` with a plan derived from ``training.seq_len``,
-``[seq1f1b]`` and the model's dims.
+"Seq1F1B", "InterleavedSeq1F1B" and "Seq1F1BZeroBubble" select the schedules
+of :mod:`torchtitan_seq1f1b.schedule`; every other ``pipeline_parallel_schedule``
+goes to torchtitan's own ``pipeline_llm`` untouched. The model is split into
+stages as torchtitan splits it for the torch schedule with the same layout
+(1F1B: one stage per rank; Interleaved1F1B: ``pipeline_parallel_layers_per_stage``
+decides, 2 per rank by default), torchtitan's ``parallelize_fn`` (TP, AC,
+FSDP) is applied to each part, the attention ops become segment-aware, and
+the parts run with a plan derived from ``training.seq_len``, ``[seq1f1b]``
+and the model's dims.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -28,16 +32,33 @@ from torchtitan.protocols.train_spec import BaseModelArgs, ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedule import (
+    ScheduleInterleavedSeq1F1B,
+    ScheduleSeq1F1B,
+    ScheduleSeq1F1BZeroBubble,
+)
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
-__all__ = ["SCHEDULE_NAME", "pipeline_llm_seq1f1b", "segment_plan_for"]
+__all__ = ["SCHEDULES", "pipeline_llm_seq1f1b", "segment_plan_for"]
 
-SCHEDULE_NAME = "Seq1F1B"
 
-# A torch schedule with Seq1F1B's stage layout (one stage per rank, "loop"
-# placement), named to pipeline_module_split, which only knows torch's names.
-_SAME_LAYOUT_SCHEDULE = "1F1B"
+@dataclass(frozen=True)
+class _ScheduleEntry:
+    schedule_class: type[ScheduleSeq1F1B]
+    # A torch schedule with the same stage layout, for pipeline_module_split
+    # and for torchtitan's stage-count rules, which only know torch's names.
+    layout_of: str
+
+    @property
+    def single_stage(self) -> bool:
+        return self.layout_of == "1F1B"
+
+
+SCHEDULES = {
+    "Seq1F1B": _ScheduleEntry(ScheduleSeq1F1B, "1F1B"),
+    "InterleavedSeq1F1B": _ScheduleEntry(ScheduleInterleavedSeq1F1B, "Interleaved1F1B"),
+    "Seq1F1BZeroBubble": _ScheduleEntry(ScheduleSeq1F1BZeroBubble, "1F1B"),
+}
 
 
 class Seq1F1BConfigError(ValueError):
@@ -55,7 +76,9 @@ def pipeline_llm_seq1f1b(
 ) -> tuple[ScheduleSeq1F1B, list[nn.Module], bool, bool]:
     """Drop-in for torchtitan's ``pipeline_llm`` (a ``TrainSpec.pipelining_fn``)."""
     parallelism = job_config.parallelism
-    if parallelism.pipeline_parallel_schedule != SCHEDULE_NAME:
+    name = parallelism.pipeline_parallel_schedule
+    entry = SCHEDULES.get(name)
+    if entry is None:
         return pipeline_llm(
             model, parallel_dims, job_config, device, model_args, parallelize_fn, loss_fn
         )
@@ -63,7 +86,7 @@ def pipeline_llm_seq1f1b(
     # Every check below depends on the config only, so all ranks raise alike
     # before the first pipeline message.
     _check_job(job_config, parallel_dims, model_args)
-    module_names = _module_names_per_stage(job_config, parallel_dims, model_args)
+    module_names = _module_names_per_stage(job_config, parallel_dims, model_args, entry)
     plan = segment_plan_for(job_config, model, parallel_dims)
     backend = job_config.seq1f1b.attention_backend
     n_microbatches = (
@@ -73,7 +96,7 @@ def pipeline_llm_seq1f1b(
     stages, model_parts = pipeline_module_split(
         model,
         parallel_dims.get_mesh("pp"),
-        _SAME_LAYOUT_SCHEDULE,
+        entry.layout_of,
         device,
         module_names,
     )
@@ -82,7 +105,7 @@ def pipeline_llm_seq1f1b(
     for i, part in enumerate(model_parts):
         model_parts[i] = stages[i].submod = parallelize_fn(part, parallel_dims, job_config)
 
-    schedule = ScheduleSeq1F1B(
+    schedule = entry.schedule_class(
         stages,
         n_microbatches=n_microbatches,
         segment_plan=plan,
@@ -90,11 +113,14 @@ def pipeline_llm_seq1f1b(
         positions_kwarg="positions",
     )
     logger.info(
-        f"Using pipeline schedule {SCHEDULE_NAME} with {n_microbatches} microbatches "
-        f"x {plan.num_segments} segments {list(plan.lengths)} over {parallel_dims.pp} "
-        f"stages, attention_backend={backend}"
+        f"Using pipeline schedule {name} with {n_microbatches} microbatches "
+        f"x {plan.num_segments} segments {list(plan.lengths)} over "
+        f"{len(module_names)} stages on {parallel_dims.pp} ranks, "
+        f"attention_backend={backend}"
     )
-    return schedule, model_parts, stages[0].is_first, stages[0].is_last
+    has_first = any(stage.is_first for stage in stages)
+    has_last = any(stage.is_last for stage in stages)
+    return schedule, model_parts, has_first, has_last
 
 
 def segment_plan_for(
@@ -206,39 +232,55 @@ def _check_job(
 
 
 def _module_names_per_stage(
-    job_config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs
+    job_config: JobConfig,
+    parallel_dims: ParallelDims,
+    model_args: BaseModelArgs,
+    entry: _ScheduleEntry,
 ) -> list[list[str]]:
-    """One model part per pipeline rank, as torchtitan would split it."""
+    """The model parts, as torchtitan splits them for ``entry.layout_of``.
+
+    Single-stage schedules need one part per pipeline rank; interleaved ones
+    a multiple of the pipeline degree with at least two parts per rank (two
+    unless ``pipeline_parallel_layers_per_stage`` says otherwise).
+    """
     parallelism = job_config.parallelism
+    name, pp = parallelism.pipeline_parallel_schedule, parallel_dims.pp
     names = parallelism.module_fqns_per_model_part
-    if names is None:
-        num_stages = parallel_dims.pp
-        layers_per_stage = parallelism.pipeline_parallel_layers_per_stage
-        if layers_per_stage is not None:
-            num_stages = math.ceil(
-                (
-                    model_args.n_layers
-                    + parallelism.pipeline_parallel_first_stage_less_layers
-                    + parallelism.pipeline_parallel_last_stage_less_layers
-                )
-                / layers_per_stage
-            )
-        if num_stages != parallel_dims.pp:
-            raise Seq1F1BConfigError(
-                f"parallelism.pipeline_parallel_layers_per_stage={layers_per_stage} "
-                f"gives {num_stages} stages, but Seq1F1B runs one stage per pipeline "
-                f"rank ({parallel_dims.pp}); unset it, or pick a value giving "
-                f"{parallel_dims.pp} stages"
-            )
-        names = generate_llm_fqn_per_model_part(
-            num_stages,
-            model_args.n_layers,
-            parallelism.pipeline_parallel_first_stage_less_layers,
-            parallelism.pipeline_parallel_last_stage_less_layers,
+    if names is not None:
+        _check_stage_count(
+            len(names), pp, name, entry,
+            f"parallelism.module_fqns_per_model_part has {len(names)} parts",
         )
-    if len(names) != parallel_dims.pp:
+        return names
+    layers_per_stage = parallelism.pipeline_parallel_layers_per_stage
+    first_less = parallelism.pipeline_parallel_first_stage_less_layers
+    last_less = parallelism.pipeline_parallel_last_stage_less_layers
+    if layers_per_stage is None:
+        num_stages = pp if entry.single_stage else 2 * pp
+    else:
+        num_stages = math.ceil((model_args.n_layers + first_less + last_less) / layers_per_stage)
+        _check_stage_count(
+            num_stages, pp, name, entry,
+            f"parallelism.pipeline_parallel_layers_per_stage={layers_per_stage} "
+            f"gives {num_stages} stages",
+        )
+    return generate_llm_fqn_per_model_part(
+        num_stages, model_args.n_layers, first_less, last_less
+    )
+
+
+def _check_stage_count(
+    num_stages: int, pp: int, name: str, entry: _ScheduleEntry, source: str
+) -> None:
+    if entry.single_stage and num_stages != pp:
         raise Seq1F1BConfigError(
-            f"parallelism.module_fqns_per_model_part has {len(names)} parts, but "
-            f"Seq1F1B runs one stage per pipeline rank ({parallel_dims.pp})"
+            f"{source}, but {name} runs one stage per pipeline rank ({pp}); "
+            f"unset it or give {pp} stages, or use InterleavedSeq1F1B for "
+            "several stages per rank"
         )
-    return names
+    if not entry.single_stage and (num_stages % pp or num_stages < 2 * pp):
+        raise Seq1F1BConfigError(
+            f"{source}, but {name} needs a multiple of the pipeline degree ({pp}) "
+            f"with at least 2 stages per rank, e.g. {2 * pp}; adjust it, or use "
+            "Seq1F1B for one stage per rank"
+        )
