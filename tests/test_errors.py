@@ -7,7 +7,12 @@ import pytest
 import torch
 from torch.distributed.pipelining import PipelineStage
 
-from torchtitan_seq1f1b import ScheduleSeq1F1B, SegmentPlan
+from torchtitan_seq1f1b import (
+    ScheduleInterleavedSeq1F1B,
+    ScheduleSeq1F1B,
+    ScheduleSeq1F1BZBV,
+    SegmentPlan,
+)
 from torchtitan_seq1f1b._torch_compat import ALLOW_UNTESTED_ENV, check_torch_version
 from torchtitan_seq1f1b.examples.tiny_transformer import token_sum_cross_entropy
 
@@ -48,6 +53,37 @@ def test_constructor_rejects_bad_config_on_every_rank(bad, error, match):
     assert set(failure.value.errors) == {0, 1}
     for message in failure.value.errors.values():
         assert message.startswith(error.__name__) and match in message
+
+
+def _construct_variant(rank, world_size, schedule, placement):
+    """Two stages per rank, placed in a loop (r, r+p) or in a V (r, 2p-1-r)."""
+    model = Case(2, (6, 4, 2), n_layers=4).model()
+    num_stages = 2 * world_size
+    second = rank + world_size if placement == "loop" else num_stages - 1 - rank
+    indices = [rank] if placement == "one" else [rank, second]
+    stages = [
+        PipelineStage(model.stage(i, num_stages), i, num_stages, torch.device("cpu"))
+        for i in indices
+    ]
+    {"interleaved": ScheduleInterleavedSeq1F1B, "zbv": ScheduleSeq1F1BZBV}[schedule](
+        stages, 2, CASE.plan, loss_fn=token_sum_cross_entropy
+    )
+
+
+@pytest.mark.parametrize(
+    "schedule,placement,match",
+    [
+        ("interleaved", "one", "at least 2 stages per rank"),
+        ("interleaved", "v", "places stages in a loop: with 2 ranks and 2 stages per rank, "
+         "rank 0 must hold stages [0, 2]"),
+        ("zbv", "loop", "places two stages per rank in a V: with 2 ranks, rank 0 must hold "
+         "stages [0, 3]"),
+    ],
+)
+def test_variants_reject_the_wrong_stage_placement(schedule, placement, match):
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_construct_variant, 2, schedule, placement, timeout=120)
+    assert match in failure.value.errors[0]
 
 
 def _step_with_bad_input(rank, world_size, bad):

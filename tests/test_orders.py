@@ -14,10 +14,11 @@ from torchtitan_seq1f1b import (
     SegmentAction,
     ScheduleOrderError,
     seq1f1b_order,
+    seq1f1b_zbv_order,
     seq1f1b_zero_bubble_order,
     validate_order,
 )
-from torchtitan_seq1f1b.orders import lower_order
+from torchtitan_seq1f1b.orders import lower_order, v_stage_to_rank
 
 GRID = list(itertools.product(range(1, 9), range(1, 9), range(1, 9)))
 
@@ -222,3 +223,21 @@ def test_checker_rejects_first_stage_weight_gradients_out_of_segment_order():
     order.update(_order({0: "0F0.0 0F0.1 0I0.1 0I0.0 0W0.0 0W0.1"}))
     with pytest.raises(ScheduleOrderError, match="weight gradient before segment 1"):
         validate_order(order, 2, 1, 2)
+
+
+# ---- V (ZB-V style) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+def test_every_zbv_order_is_valid_within_seq1f1b_memory(p):
+    for m, k in itertools.product(range(1, 17), range(1, 9)):
+        order = seq1f1b_zbv_order(p, m, k)
+        validate_order(order, 2 * p, m, k, stage_to_rank=v_stage_to_rank(p))
+        for rank, actions in order.items():
+            assert {a.stage for a in actions} == {rank, 2 * p - 1 - rank}
+            in_flight = peak = 0
+            for a in actions:
+                in_flight += {"F": 1, "I": 0, "W": -1}[a.kind]
+                peak = max(peak, in_flight)
+            # Half-stage units awaiting W: Seq1F1B's rank-0 peak of p+k-1 whole ones.
+            assert peak <= 2 * (p + k - 1)

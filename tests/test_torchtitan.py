@@ -124,7 +124,7 @@ def test_pp2_matches_unpipelined(run, unpipelined, partition, segments):
     )
 
 
-@pytest.mark.parametrize("schedule", ["InterleavedSeq1F1B", "Seq1F1BZeroBubble"])
+@pytest.mark.parametrize("schedule", ["InterleavedSeq1F1B", "Seq1F1BZeroBubble", "Seq1F1BZBV"])
 def test_variants_pp2_match_unpipelined(run, unpipelined, schedule):
     variant = run(
         2,
@@ -132,16 +132,24 @@ def test_variants_pp2_match_unpipelined(run, unpipelined, schedule):
         "--seq1f1b.num_segments", "3",
         name=schedule,
     )
-    stages = 4 if schedule == "InterleavedSeq1F1B" else 2
+    stages = 2 if schedule == "Seq1F1BZeroBubble" else 4
     assert f"Using pipeline schedule {schedule} with 2 microbatches x 3 segments" in variant.output
     assert f"over {stages} stages on 2 ranks" in variant.output
     assert_same_training(variant, unpipelined)
+    assert variant.scalars("seq1f1b/kv_store_peak_bytes")[1] > 0
+    bubble = variant.scalars("seq1f1b/bubble_estimate")[1]
+    seq1f1b_bubble = 1 / (2 * 3 + 1)  # (p-1)/(m*k+p-1)
+    if schedule == "InterleavedSeq1F1B":
+        assert bubble == pytest.approx(1 / (2 * 2 * 3 + 1))  # (p-1)/(v*m*k+p-1)
+    else:
+        assert 0 < bubble < seq1f1b_bubble
 
 
-def test_zero_bubble_fsdp_pp_matches_fsdp(run, fsdp_unpipelined):
+@pytest.mark.parametrize("schedule", ["Seq1F1BZeroBubble", "Seq1F1BZBV"])
+def test_zero_bubble_fsdp_pp_matches_fsdp(run, fsdp_unpipelined, schedule):
     variant = run(
         4,
-        "--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble",
+        "--parallelism.pipeline_parallel_schedule", schedule,
         "--parallelism.data_parallel_shard_degree", "2",
     )
     assert_same_training(variant, fsdp_unpipelined)

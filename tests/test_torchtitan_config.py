@@ -83,7 +83,10 @@ def test_seq1f1b_is_the_llama3_pipelining_function():
     assert get_train_spec("llama3").pipelining_fn is pipeline_llm_seq1f1b
 
 
-@pytest.mark.parametrize("name,stages_per_rank", [("InterleavedSeq1F1B", 2), ("Seq1F1BZeroBubble", 1)])
+@pytest.mark.parametrize(
+    "name,stages_per_rank",
+    [("InterleavedSeq1F1B", 2), ("Seq1F1BZeroBubble", 1), ("Seq1F1BZBV", 2)],
+)
 def test_variant_stage_layouts_follow_torchtitan_rules(name, stages_per_rank):
     job_config, _, model_args, _ = _job(
         DEBUG_CONFIG, "--parallelism.pipeline_parallel_schedule", name
@@ -131,7 +134,7 @@ def test_seq1f1b_section_is_on_the_command_line():
          "pipeline_parallel_schedule_csv"),
         (("--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble",
           "--parallelism.pipeline_parallel_layers_per_stage", "2"), {},
-         "gives 4 stages, but Seq1F1BZeroBubble runs one stage per pipeline rank (2)"),
+         "gives 4 stages, but Seq1F1BZeroBubble needs one stage per pipeline rank (2 stages)"),
         (("--parallelism.pipeline_parallel_schedule", "InterleavedSeq1F1B",
           "--parallelism.pipeline_parallel_layers_per_stage", "4"), {},
          "gives 2 stages, but InterleavedSeq1F1B needs a multiple of the pipeline "
@@ -139,6 +142,9 @@ def test_seq1f1b_section_is_on_the_command_line():
         (("--parallelism.pipeline_parallel_schedule", "InterleavedSeq1F1B",
           "--parallelism.pipeline_parallel_layers_per_stage", "3"), {},
          "gives 3 stages, but InterleavedSeq1F1B needs a multiple"),
+        (("--parallelism.pipeline_parallel_schedule", "Seq1F1BZBV",
+          "--parallelism.pipeline_parallel_layers_per_stage", "1"), {},
+         "gives 8 stages, but Seq1F1BZBV needs exactly 2 stages per pipeline rank (4 stages)"),
     ],
 )
 def test_unsupported_jobs_are_rejected_with_the_option_named(args, kwargs, message):

@@ -16,12 +16,14 @@ from torchtitan_seq1f1b.orders import (
     interleaved_seq1f1b_order,
     ScheduleOrderError,
     seq1f1b_order,
+    seq1f1b_zbv_order,
     seq1f1b_zero_bubble_order,
     validate_order,
 )
 from torchtitan_seq1f1b.schedule import (
     ScheduleInterleavedSeq1F1B,
     ScheduleSeq1F1B,
+    ScheduleSeq1F1BZBV,
     ScheduleSeq1F1BZeroBubble,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
@@ -30,6 +32,7 @@ __all__ = [
     "ScheduleInterleavedSeq1F1B",
     "ScheduleOrderError",
     "ScheduleSeq1F1B",
+    "ScheduleSeq1F1BZBV",
     "ScheduleSeq1F1BZeroBubble",
     "SegmentAction",
     "SegmentAwareAttention",
@@ -37,6 +40,7 @@ __all__ = [
     "TransformerCost",
     "interleaved_seq1f1b_order",
     "seq1f1b_order",
+    "seq1f1b_zbv_order",
     "seq1f1b_zero_bubble_order",
     "validate_order",
     "wrap_attention",

@@ -17,6 +17,7 @@ import torch
 from torch.distributed.pipelining.schedules import (  # noqa: F401
     _Action,
     _add_send_recv,
+    _add_unshard_reshard,
     _ComputationType,
     _PipelineScheduleRuntime,
     _simulate_comms_compute,
@@ -28,6 +29,7 @@ from torch.distributed.pipelining._utils import _DTensorMeta, _TensorMeta
 __all__ = [
     "TESTED_TORCH_RANGE",
     "check_torch_version",
+    "lower_forward_only",
     "resize_recv_buffers",
     "scaled_seq_len",
     "wrap_stage_compute",
@@ -182,6 +184,21 @@ def wrap_stage_compute(stage: _PipelineStageBase, scope: UnitScope) -> None:
     stage._seq1f1b_scope = scope
 
 
+def lower_forward_only(
+    compute: dict[int, list[_Action]],
+    stage_to_rank: Callable[[int], int],
+    num_stages: int,
+) -> dict[int, list[_Action]]:
+    """torch's lowering (FSDP unshard/reshard, sends, receives) of a forward-only order.
+
+    ``_PipelineScheduleRuntime._prepare_schedule_with_comms`` insists on one
+    backward per microbatch, so an eval order is lowered with its passes
+    directly.
+    """
+    with_unshard = {rank: _add_unshard_reshard(actions) for rank, actions in compute.items()}
+    return _add_send_recv(with_unshard, stage_to_rank, num_stages)
+
+
 @contextlib.contextmanager
 def runtime_validation_disabled(stage: _PipelineStageBase) -> Iterator[None]:
     """Turn off torch's per-chunk tensor validation (TORCH_DISTRIBUTED_DEBUG=DETAIL).
@@ -195,3 +212,95 @@ def runtime_validation_disabled(stage: _PipelineStageBase) -> Iterator[None]:
         yield
     finally:
         stage._runtime_validate = saved
+
+
+# ---- benchmark instrumentation ------------------------------------------------
+
+import time  # noqa: E402 - appended section, kept apart from the runtime helpers above
+
+import torch.distributed.pipelining.schedules as _schedules  # noqa: E402
+
+
+@dataclasses.dataclass
+class P2PWaitTime:
+    """Wall time a rank spent blocked on pipeline sends and receives."""
+
+    seconds: float = 0.0
+    waits: int = 0
+
+
+@contextlib.contextmanager
+def timed_p2p_waits() -> Iterator[P2PWaitTime]:
+    """Accumulate the time torch's pipeline schedules block on p2p work.
+
+    Both schedule families wait only through ``schedules._wait_batch_p2p``:
+    ``PipelineScheduleSingle`` subclasses (1F1B, GPipe) around every batched
+    send/receive, and ``_PipelineScheduleRuntime`` (the looped, zero-bubble
+    and Seq1F1B schedules) before a compute that needs a received tensor and
+    on its outstanding sends at the end of a step. The function is looked up
+    as a module global at call time, so replacing it covers both; the only
+    other ``wait()`` in the runtime is on FSDP unshards, which are not p2p.
+    """
+    original = _schedules._wait_batch_p2p
+    total = P2PWaitTime()
+
+    def timed_wait(work):
+        start = time.perf_counter()
+        try:
+            original(work)
+        finally:
+            total.seconds += time.perf_counter() - start
+            total.waits += 1
+
+    _schedules._wait_batch_p2p = timed_wait
+    try:
+        yield total
+    finally:
+        _schedules._wait_batch_p2p = original
+
+
+# ---- torch's multi-stage schedule orders, for the simulator ---------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScheduleSizes:
+    """The attributes torch 2.13's multi-stage order generators read from ``self``."""
+
+    pp_group_size: int
+    n_local_stages: int
+    _n_microbatches: int
+
+    @property
+    def _stages(self) -> list[None]:  # ScheduleLoopedBFS counts its stages
+        return [None] * self.n_local_stages
+
+    @property
+    def num_stages(self) -> int:  # ScheduleZBVZeroBubble
+        return self.pp_group_size * self.n_local_stages
+
+    @property
+    def microbatches_per_round(self) -> int:  # ScheduleInterleaved1F1B
+        return self._n_microbatches // max(1, self._n_microbatches // self.pp_group_size)
+
+
+def torch_schedule_order(
+    schedule_name: str, num_ranks: int, stages_per_rank: int, n_microbatches: int
+) -> dict[int, list[_Action]]:
+    """The compute actions torch's multi-stage schedule ``schedule_name`` runs, per rank.
+
+    Calls the schedule class's ``_calculate_single_rank_operations`` (what its
+    ``__init__`` calls for every rank) on a stand-in holding only the sizes it
+    reads, so no stage, process group or model is needed. Idle slots are
+    dropped. Checks of ``__init__`` (e.g. Interleaved1F1B's microbatch count)
+    are not run.
+    """
+    schedule_class = get_schedule_class(schedule_name)
+    sizes = _ScheduleSizes(num_ranks, stages_per_rank, n_microbatches)
+    return {
+        rank: [
+            action
+            for action in schedule_class._calculate_single_rank_operations(sizes, rank)
+            if action is not None
+        ]
+        for rank in range(num_ranks)
+    }

@@ -17,7 +17,7 @@ Two families:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
@@ -70,16 +70,8 @@ class ModelShape:
         return self.n_kv_heads * self.head_dim
 
     def cost(self) -> TransformerCost:
-        """The FLOP model the segment partitioner uses."""
-        return TransformerCost(
-            n_layers=self.n_layers,
-            dim=self.dim,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            ffn_hidden_dim=self.ffn_hidden_dim,
-            vocab_size=self.vocab_size,
-            gated_mlp=self.gated_mlp,
-        )
+        """The FLOP model the segment partitioner uses: this shape's fields of the same names."""
+        return TransformerCost(**{f.name: getattr(self, f.name) for f in fields(TransformerCost)})
 
     def padded_vocab(self, tp: int) -> int:
         """Vocabulary rows actually allocated (Megatron pads for TP-even shards)."""

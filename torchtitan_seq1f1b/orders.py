@@ -19,6 +19,8 @@ segments, since segment j's K/V gradients come from segments j+1..k-1.
 - :func:`seq1f1b_zero_bubble_order` (v = 1): Seq1F1B with every backward
   split into an input-gradient (I) and a weight-gradient (W) action; W runs
   deferred so that it fills bubbles, ZB-H1 style, within 1F1B's memory.
+- :func:`seq1f1b_zbv_order` (v = 2, stages r and 2p-1-r on rank r): split
+  backwards on a V, ZB-V style, by list scheduling.
 """
 
 from collections import defaultdict
@@ -32,7 +34,9 @@ __all__ = [
     "interleaved_seq1f1b_order",
     "lower_order",
     "seq1f1b_order",
+    "seq1f1b_zbv_order",
     "seq1f1b_zero_bubble_order",
+    "v_stage_to_rank",
     "validate_order",
 ]
 
@@ -194,6 +198,82 @@ def seq1f1b_zero_bubble_order(
     return order
 
 
+def v_stage_to_rank(num_ranks: int) -> Callable[[int], int]:
+    """V placement: stage s on rank s for s < p, else on rank 2p-1-s."""
+    return lambda stage: stage if stage < num_ranks else 2 * num_ranks - 1 - stage
+
+
+def seq1f1b_zbv_order(num_ranks: int, n_microbatches: int, num_segments: int) -> Order:
+    """Seq1F1B with split backwards on a V: rank r holds stages r and 2p-1-r.
+
+    A unit goes down the ranks on the first chunk and back up on the second,
+    so the first and the last stage (the loss) share rank 0. The order comes
+    from list scheduling with equal-cost actions (F = I = W): at every step a
+    free rank runs the first of these that is ready, each on the later stage
+    first so units drain towards the loss:
+
+    1. an input gradient (the ranks before it wait for it);
+    2. a forward, while fewer than ``2 * (p + k - 1)`` units (of half a
+       stage each) await their W: Seq1F1B's rank-0 activation memory;
+    3. a weight gradient, filling what would be a bubble.
+
+    Per stage, forwards run in unit order and I and W in backward unit order,
+    so stage 0's W steps (which hold its whole backward) go last segment first.
+    """
+    _check_positive(
+        num_ranks=num_ranks, n_microbatches=n_microbatches, num_segments=num_segments
+    )
+    num_stages = 2 * num_ranks
+    sequences = {
+        "F": _forward_units(n_microbatches, num_segments),
+        "I": _backward_units(n_microbatches, num_segments),
+        "W": _backward_units(n_microbatches, num_segments),
+    }
+    n_units = len(sequences["F"])
+    in_flight_limit = 2 * (num_ranks + num_segments - 1)
+    next_index = {(stage, kind): 0 for stage in range(num_stages) for kind in "FIW"}
+    finished_at: dict[SegmentAction, int] = {}
+
+    def next_ready(stage: int, kind: str, now: int) -> SegmentAction | None:
+        index = next_index[(stage, kind)]
+        if index == n_units:
+            return None
+        action = SegmentAction(stage, kind, *sequences[kind][index])
+        needs = {
+            "F": [SegmentAction(stage - 1, "F", *action.unit)] if stage > 0 else [],
+            "I": [SegmentAction(stage, "F", *action.unit)]
+            + ([SegmentAction(stage + 1, "I", *action.unit)] if stage < num_stages - 1 else []),
+            "W": [SegmentAction(stage, "I", *action.unit)],
+        }[kind]
+        done = all(finished_at.get(need, now + 1) <= now for need in needs)
+        return action if done else None
+
+    order: Order = {rank: [] for rank in range(num_ranks)}
+    awaiting_w = dict.fromkeys(range(num_ranks), 0)
+    now = 0
+    while len(finished_at) < 3 * n_units * num_stages:
+        for rank in range(num_ranks):
+            later_first = (num_stages - 1 - rank, rank)
+            kinds = "IFW" if awaiting_w[rank] < in_flight_limit else "IW"
+            action = next(
+                (
+                    ready
+                    for kind in kinds
+                    for stage in later_first
+                    if (ready := next_ready(stage, kind, now)) is not None
+                ),
+                None,
+            )
+            if action is None:
+                continue
+            next_index[(action.stage, action.kind)] += 1
+            finished_at[action] = now + 1
+            awaiting_w[rank] += {"F": 1, "I": 0, "W": -1}[action.kind]
+            order[rank].append(action)
+        now += 1
+    return order
+
+
 def _check_stage_sequence(
     stage: int, actions: list[SegmentAction], n_microbatches: int, num_segments: int
 ) -> None:
@@ -275,27 +355,31 @@ def lower_order(order: Order, num_segments: int) -> dict[int, list]:
 def _check_channels_fifo(with_comms: dict[int, list], stage_to_rank: Callable[[int], int]) -> None:
     """Every rank pair must post receives in the order the peer sends.
 
-    Point-to-point messages between two ranks match in posting order; a
-    receive posted out of order would take another segment's bytes.
+    Point-to-point messages from one rank to another match in posting order,
+    whatever they carry (torch sends activations and gradients untagged); a
+    receive posted out of order would take another unit's bytes, and an
+    activation and a gradient of the same shape would swap silently.
     """
-    sends: dict[tuple[int, int, str], list] = defaultdict(list)
-    recvs: dict[tuple[int, int, str], list] = defaultdict(list)
+    sends: dict[tuple[int, int], list] = defaultdict(list)
+    recvs: dict[tuple[int, int], list] = defaultdict(list)
     for rank, actions in with_comms.items():
         for a in actions:
             kind = a.computation_type.value
             if kind in ("SEND_F", "SEND_B"):
                 peer = a.stage_index + (1 if kind == "SEND_F" else -1)
-                sends[(rank, stage_to_rank(peer), kind[-1])].append((a.stage_index, a.microbatch_index))
+                message = (kind[-1], a.stage_index, a.microbatch_index)
+                sends[(rank, stage_to_rank(peer))].append(message)
             elif kind in ("RECV_F", "RECV_B"):
                 peer = a.stage_index + (-1 if kind == "RECV_F" else 1)
-                sender_stage = peer
-                recvs[(stage_to_rank(peer), rank, kind[-1])].append((sender_stage, a.microbatch_index))
+                message = (kind[-1], peer, a.microbatch_index)
+                recvs[(stage_to_rank(peer), rank)].append(message)
     for channel in set(sends) | set(recvs):
         if sends[channel] != recvs[channel]:
-            src, dst, direction = channel
+            src, dst = channel
             raise ScheduleOrderError(
-                f"rank {dst} posts {direction}-direction receives from rank {src} in "
-                f"the order {recvs[channel]} but rank {src} sends {sends[channel]}"
+                f"rank {dst} posts receives from rank {src} in the order "
+                f"{recvs[channel]} but rank {src} sends {sends[channel]} "
+                "(direction, sending stage, virtual microbatch)"
             )
 
 

@@ -16,6 +16,8 @@ Gradients equal those of unsplit training: attention layers wrapped in
 - :class:`ScheduleSeq1F1BZeroBubble`: one stage per rank, every backward split
   into input- and weight-gradient steps, weight gradients deferred into the
   bubbles (ZB-H1 style).
+- :class:`ScheduleSeq1F1BZBV`: two stages per rank in a V, split backwards
+  (ZB-V style).
 """
 
 import contextlib
@@ -33,19 +35,21 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b._torch_compat import (
     _PipelineScheduleRuntime,
+    lower_forward_only,
     resize_recv_buffers,
     runtime_validation_disabled,
     scaled_seq_len,
     wrap_stage_compute,
 )
-from torchtitan_seq1f1b.actions import SegmentAction
 from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, unit_scope
 from torchtitan_seq1f1b.orders import (
     interleaved_seq1f1b_order,
     lower_order,
     Order,
     seq1f1b_order,
+    seq1f1b_zbv_order,
     seq1f1b_zero_bubble_order,
+    v_stage_to_rank,
     validate_order,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -53,6 +57,7 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan
 __all__ = [
     "ScheduleInterleavedSeq1F1B",
     "ScheduleSeq1F1B",
+    "ScheduleSeq1F1BZBV",
     "ScheduleSeq1F1BZeroBubble",
 ]
 
@@ -122,6 +127,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             # runtime must not divide again by the virtual microbatch count.
             scale_grads=False,
         )
+        self._place_stages()
         self.loss_normalizer: float | torch.Tensor | None = None
         self._normalize_loss = scale_grads
         self._step_normalizer: float | torch.Tensor = 1.0
@@ -144,10 +150,26 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         )
         self.pipeline_order = lower_order(self.segment_order, self.num_segments)
         self._prepare_schedule_with_comms(self.pipeline_order)
+        self._train_order_with_comms = self.pipeline_order_with_comms
+        # eval() runs the forwards alone: torch's runtime would otherwise step
+        # through no-op backwards, and hand-offs between two stages on one rank
+        # (the V) refuse to run without a backward.
+        forwards_only = {
+            rank: [a for a in actions if a.kind == "F"]
+            for rank, actions in self.segment_order.items()
+        }
+        self._eval_order_with_comms = lower_forward_only(
+            lower_order(forwards_only, self.num_segments),
+            self._stage_to_rank,
+            self._num_stages,
+        )
 
     @staticmethod
     def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
         _check_one_stage_per_rank(stages, "ScheduleSeq1F1B")
+
+    def _place_stages(self) -> None:
+        """Set which rank runs each stage; torch's default is the loop ``s % p``."""
 
     def _build_segment_order(self) -> Order:
         """Every rank's compute order; subclasses replace it with their variant's."""
@@ -254,6 +276,9 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
                 "call eval() instead"
             )
         self._raise_on_any_rank(self._input_error(args, target))
+        self.pipeline_order_with_comms = (
+            self._train_order_with_comms if self._has_backward else self._eval_order_with_comms
+        )
         for stage in self._stages:
             stage.has_backward = self._has_backward
             stage.clear_runtime_states()
@@ -418,6 +443,43 @@ class ScheduleSeq1F1BZeroBubble(ScheduleSeq1F1B):
     def _build_segment_order(self) -> Order:
         return seq1f1b_zero_bubble_order(
             self._num_stages, self.n_real_microbatches, self.num_segments
+        )
+
+
+class ScheduleSeq1F1BZBV(ScheduleSeq1F1B):
+    """Seq1F1B with split backwards on a V of two stages per rank (ZB-V style).
+
+    Rank r holds stages r and 2p-1-r, as for torch's ``ScheduleZBVZeroBubble``
+    (build the stages with that placement). Units run down the ranks on the
+    first chunk and back up on the second; input gradients go first, forwards
+    run while fewer than ``2 * (p + k - 1)`` half-stage units await their
+    weight gradient (Seq1F1B's rank-0 activation memory), and weight gradients
+    fill the gaps (:func:`~torchtitan_seq1f1b.orders.seq1f1b_zbv_order`).
+    Any m and k work. Takes the same arguments as :class:`ScheduleSeq1F1B`,
+    with ``stages`` this rank's two stages.
+    """
+
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        first = stages[0]
+        ranks, rank = first.group_size, first.group_rank
+        expected = [rank, 2 * ranks - 1 - rank]
+        if [s.stage_index for s in stages] != expected or first.num_stages != 2 * ranks:
+            raise ValueError(
+                f"ScheduleSeq1F1BZBV places two stages per rank in a V: with {ranks} "
+                f"ranks, rank {rank} must hold stages {expected} of {2 * ranks}; got "
+                f"stages {[s.stage_index for s in stages]} of {first.num_stages}"
+            )
+
+    def _place_stages(self) -> None:
+        place = v_stage_to_rank(self.pp_group_size)
+        self.stage_index_to_group_rank = {s: place(s) for s in range(self._num_stages)}
+        for stage in self._stages:
+            stage.stage_index_to_group_rank = self.stage_index_to_group_rank
+
+    def _build_segment_order(self) -> Order:
+        return seq1f1b_zbv_order(
+            self.pp_group_size, self.n_real_microbatches, self.num_segments
         )
 
 

@@ -1,40 +1,64 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Pipeline timeline and memory simulator for 1F1B, GPipe and Seq1F1B.
+"""Pipeline timeline and memory simulator for Seq1F1B and torch's schedules.
 
 Run ``python -m torchtitan_seq1f1b.simulate --help``. It replays the exact
-per-rank action orders the real schedules execute (``orders.seq1f1b_order``;
-``k = 1`` is torch's 1F1B) and reports makespan, bubble fraction and per-rank
-peak memory. ``--paper`` compares the memory model with the Seq1F1B paper's
-published peak-memory figure.
+per-rank action orders the real schedules execute and reports makespan,
+bubble fraction and per-rank peak memory. ``--paper`` compares the memory
+model with the Seq1F1B paper's published peak-memory figure.
+
+Schedules (p ranks, v stages per rank, m microbatches, k segments)
+    - ``1F1B``, ``Seq1F1B``: ``orders.seq1f1b_order`` (k = 1 is torch's 1F1B).
+      ``GPipe``: :func:`gpipe_order` (torch's ScheduleGPipe).
+    - ``Interleaved1F1B``, ``InterleavedSeq1F1B`` (v >= 2, stage ``c*p + r``
+      on rank r): ``orders.interleaved_seq1f1b_order``. With k = 1 it is
+      exactly torch's ScheduleInterleaved1F1B order whenever torch accepts m
+      (m a multiple of its rounds, ``max(1, m // p)``); for other m torch
+      refuses to run and the simulated order is this repo's generalisation.
+    - ``Seq1F1BZeroBubble``: ``orders.seq1f1b_zero_bubble_order``, every
+      backward split into an input-gradient (I) and a weight-gradient (W) step.
+    - ``LoopedBFS`` (v >= 2, loop placement) and ``ZBVZeroBubble`` (v = 2, V
+      placement: rank r holds stages r and 2p-1-r; I/W split): the orders
+      torch's own classes compute, through ``_torch_compat.torch_schedule_order``.
 
 Timeline model
-    - One pipeline stage per rank (``v = 1``). Interleaved orders (``v > 1``)
-      raise ``NotImplementedError``: ``orders.py`` has no interleaved generator.
-    - Unit (i, j) = segment j of microbatch i. Its forward time on every stage
-      is ``TransformerCost.forward_flops(len_j, end_j) / forward_flops(S, S)``,
-      i.e. time is measured in "forwards of one whole microbatch on one stage".
-      A stage's share is its fraction of the blocks (1/p when p divides L),
-      with the LM head's FLOPs spread evenly over stages, as in the design
-      note's simulations.
-      Backward = 2 x forward.
+    - Unit (i, j) = segment j of microbatch i. Time is measured in "forwards
+      of one whole microbatch over one rank's share of the model": unit j's
+      forward costs ``TransformerCost.forward_flops(len_j, end_j) /
+      forward_flops(S, S)`` on a stage holding ``L/p`` blocks, scaled by the
+      stage's share of blocks (``L/(p*v)`` each when p*v divides L), with the
+      LM head's FLOPs spread evenly over stages, as in the design note's
+      simulations. Backward (B) = 2 x forward.
+    - Split backwards (I, W; ``backward_split``): "equal" (default) takes
+      I = W = F, the zero-bubble paper's assumption, exact for matmuls.
+      "flops" takes W = the unit's weight-gradient FLOPs, which equal its
+      forward's matmuls with weights (projections, MLP, LM head), and I =
+      B - W: causal attention (QK^T, AV) has no weights, so its whole backward
+      sits in I, and late, long-prefix segments get I > W.
     - Each rank runs its actions in order, one at a time. F(s, u) starts after
-      F(s-1, u) has finished plus the p2p latency; B(s, u) after B(s+1, u)
-      plus latency. Same-stage dependencies (F(i, j-1) before F(i, j), B after
-      F, B(i, j+1) before B(i, j)) are guaranteed by the order itself.
-    - bubble fraction = idle / (p * makespan). Next to it: the analytic bubble
-      ``(p-1)/(m*k+p-1)`` (``k = 1`` for 1F1B and GPipe) and the simulated
-      bubble with equal-cost units (F = 1/k, B = 2/k), which must equal it.
+      F(s-1, u); B or I(s, u) after B or I(s+1, u), and on the last stage
+      after its own F(s, u); W(s, u) after I(s, u). A dependency on another
+      rank adds the p2p latency. Same-stage unit order (F(i, j-1) before
+      F(i, j), B(i, j+1) before B(i, j)) comes from the order itself.
+    - bubble fraction = idle / (p * makespan). Next to it: the simulated
+      bubble with equal-cost units (F = I = W = 1/(k v), B = 2/(k v)) and,
+      where it is exact, its closed form: ``(p-1)/(v*m*k + p-1)`` for the
+      1F1B family and LoopedBFS (k = 1 for torch's schedules), ``(p-1)/(3*v*m*k
+      + p-1)`` for Seq1F1BZeroBubble and ZBVZeroBubble (conditions at
+      ``SCHEDULE_SPECS``).
 
 Memory model (per rank, bytes; bf16 activations, micro-batch size ``b``)
+    - A rank's memory is the sum over its stages: model states of every
+      stage, and, walking the rank's order, the activations and K/V store of
+      every stage's units in flight.
     - Model states: bf16 params (2 B) + fp32 gradient buffer (4 B) + Adam fp32
       master weights, m and v (12 B) per parameter, i.e. Megatron's bf16
       accounting (18 B/param; ``6 + 12/dp`` with its distributed optimizer,
-      ``--distributed-optimizer``). Parameters are split by PP (L/p blocks per
-      stage; the input embedding on the first stage, the LM head and final norm
-      on the last) and by TP (matrices split, norms and row-parallel biases
-      replicated).
+      ``--distributed-optimizer``). Parameters are split by PP (blocks split
+      over the p*v stages, earliest stages taking any remainder; the input
+      embedding on the first stage, the LM head and final norm on the last)
+      and by TP (matrices split, norms and row-parallel biases replicated).
     - Activations per transformer block, Korthikanti et al. 2022 ("Reducing
       activation recomputation in large transformer models"): ``s b h (34 +
       5 a s / h)`` bytes for MHA with a GeLU MLP of width 4h, made of a part
@@ -56,17 +80,21 @@ Memory model (per rank, bytes; bf16 activations, micro-batch size ``b``)
     - Last stage also keeps the final-norm and LM-head inputs (4 sbh, split by
       tp under SP) and the fp32 softmax of the vocabulary-parallel loss
       (``4 s b V / tp``).
+    - A unit's activations live until its backward ends: its B, or its W for
+      split backwards (the weight gradients still read the saved inputs of
+      every matmul; the input-gradient step frees nothing in this model).
     - K/V store (k > 1 only) per stage and microbatch in flight:
       ``kv_store="preallocated"`` (this repo's ``KVStore``) allocates K and V
       for the whole sequence at the microbatch's first forward
       (``2 * S * g * d / tp * 2`` bytes per block) and fp32 prefix gradients
-      (``2 * offset_{k-1} * g * d / tp * 4``) at its first backward;
+      (``2 * offset_{k-1} * g * d / tp * 4``) at its first backward (B or I);
       ``kv_store="prefix"`` (the paper's Megatron code: ``torch.cat`` of the
       prefix per segment) holds bf16 K/V of the prefix forwarded so far and,
       from the first backward, bf16 dK/dV of the whole sequence (a view of
       the first segment backward's dK keeps it alive). Both are freed when
-      the microbatch's last backward finishes. The segment's own K/V stays in the 34-term as well
-      (a small double count for the preallocated store).
+      the microbatch's last backward (B, or W) on that stage finishes. The
+      segment's own K/V stays in the 34-term as well (a small double count
+      for the preallocated store).
     - Not modelled: transient tensors inside one block's forward/backward,
       p2p buffers, allocator fragmentation, CUDA context, workspaces.
     - The peak on a rank depends only on that rank's order, not on timing.
@@ -87,6 +115,9 @@ Memory model (per rank, bytes; bf16 activations, micro-batch size ``b``)
     - Seq1F1B: k = 4 segments ("--pipe-sp-splits 4") with the
       computation-wise ("uniform_comp") partition = ``SegmentPlan.balanced``
       aligned to tp; K/V store = ``prefix``.
+    - Interleaved (1F1B-I, Seq1F1B-I): v = 2 model chunks per rank. The
+      scripts sweep ``VPP_SIZES=(2 4)``; which one the figure shows is not
+      published, 2 is an assumption.
     - Microbatches: 8 (7B, 13B: the paper's throughput runs use 8), 16 (2.7B,
       30B). Peak memory does not depend on m once m >= p.
     - Published numbers are "max reserved" memory; predictions are the
@@ -94,6 +125,7 @@ Memory model (per rank, bytes; bf16 activations, micro-batch size ``b``)
       out at 70-90% of the published values (allocator caching/fragmentation
       and per-block transients are not modelled), so compare ratios:
       Seq1F1B / 1F1B is within 0.06 of the published ratio everywhere.
+      The interleaved rows are reported, not fitted.
 """
 
 from __future__ import annotations
@@ -104,30 +136,172 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from torchtitan_seq1f1b._torch_compat import torch_schedule_order
 from torchtitan_seq1f1b.actions import SegmentAction
 from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape, get_preset
-from torchtitan_seq1f1b.orders import seq1f1b_order
-from torchtitan_seq1f1b.segmenting import SegmentPlan
+from torchtitan_seq1f1b.orders import (
+    interleaved_seq1f1b_order,
+    seq1f1b_order,
+    seq1f1b_zbv_order,
+    seq1f1b_zero_bubble_order,
+)
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
+    "equal_cost_bubble",
     "PAPER_CONFIGS",
     "MemoryModel",
     "PaperConfig",
     "RankReport",
     "SCHEDULES",
+    "SCHEDULE_SPECS",
+    "ScheduleSpec",
     "SimConfig",
     "SimResult",
     "analytic_bubble",
     "gpipe_order",
     "main",
     "run_paper",
+    "schedule_order",
     "simulate",
     "simulate_timeline",
 ]
 
 GIB = 2**30
-SCHEDULES = ("1F1B", "GPipe", "Seq1F1B")
 Order = dict[int, list[SegmentAction]]
+
+
+# ---- schedules --------------------------------------------------------------
+
+
+def gpipe_order(num_stages: int, n_microbatches: int, num_segments: int = 1) -> Order:
+    """GPipe: every forward in unit order, then every backward.
+
+    Backwards are FIFO over microbatches and LIFO over segments, the order the
+    segment checker requires (torch's ScheduleGPipe for ``num_segments = 1``).
+    """
+    units = [(i, j) for i in range(n_microbatches) for j in range(num_segments)]
+    backward = [(i, j) for i in range(n_microbatches) for j in reversed(range(num_segments))]
+    return {
+        rank: [SegmentAction(rank, "F", *u) for u in units]
+        + [SegmentAction(rank, "B", *u) for u in backward]
+        for rank in range(num_stages)
+    }
+
+
+def _torch_order(schedule_name: str) -> Callable[[int, int, int, int], Order]:
+    """Order generator of torch's multi-stage schedule ``schedule_name`` (k = 1)."""
+
+    def order(ranks: int, chunks: int, n_microbatches: int, num_segments: int) -> Order:
+        actions = torch_schedule_order(schedule_name, ranks, chunks, n_microbatches)
+        return {
+            rank: [SegmentAction.from_action(a, num_segments) for a in rank_actions]
+            for rank, rank_actions in actions.items()
+        }
+
+    return order
+
+
+def analytic_bubble(
+    num_stages: int, n_microbatches: int, num_segments: int = 1, chunks: int = 1
+) -> float:
+    """Bubble fraction of the 1F1B family with equal-cost units, p = ``num_stages`` ranks.
+
+    ``(p-1) / (v*m*k + p-1)``: 1F1B and GPipe (k = v = 1), Seq1F1B (v = 1),
+    interleaved 1F1B (k = 1) and Seq1F1B-I, and LoopedBFS (k = 1).
+    """
+    return (num_stages - 1) / (chunks * n_microbatches * num_segments + num_stages - 1)
+
+
+def _zero_bubble_analytic(ranks: int, chunks: int, n_microbatches: int, num_segments: int):
+    """``(p-1) / (3*v*m*k + p-1)``: with F = I = W every rank idles (p-1) unit forwards."""
+    return (ranks - 1) / (3 * chunks * n_microbatches * num_segments + ranks - 1)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What the simulator needs to know about a named schedule.
+
+    Args:
+        order: ``order(ranks, chunks, microbatches, segments)`` -> per-rank
+            actions: the generator the real schedule runs.
+        segmented: cuts microbatches into k segments (otherwise k = 1).
+        analytic: ``analytic(ranks, chunks, microbatches, segments)``, the
+            bubble fraction with equal-cost units where a closed form is
+            exact, else None.
+        min_chunks, max_chunks: allowed stages per rank (``max_chunks=None``:
+            no upper limit). The default is ``min_chunks``.
+    """
+
+    order: Callable[[int, int, int, int], Order]
+    segmented: bool
+    analytic: Callable[[int, int, int, int], float | None]
+    min_chunks: int = 1
+    max_chunks: int | None = 1
+
+    @property
+    def multi_stage(self) -> bool:
+        return self.min_chunks > 1
+
+    def chunks_problem(self, name: str, chunks: int) -> str | None:
+        """Why this schedule cannot run ``chunks`` stages per rank, with the fix; else None."""
+        if self.min_chunks <= chunks and (self.max_chunks is None or chunks <= self.max_chunks):
+            return None
+        if self.max_chunks == 1:
+            multi = ", ".join(n for n, s in SCHEDULE_SPECS.items() if s.multi_stage)
+            return f"{name} runs one stage per rank; use 1, or an interleaved schedule ({multi})"
+        if self.max_chunks == self.min_chunks:
+            return f"{name} runs exactly {self.min_chunks} stages per rank; use {self.min_chunks}"
+        return f"{name} runs several stages (model chunks) per rank; use {self.min_chunks} or more"
+
+
+# Where the closed forms are exact (checked by tests/test_simulate.py): 1F1B, GPipe
+# and Seq1F1B always; interleaved rounds need m*k >= p units (LoopedBFS: m >= p);
+# Seq1F1BZeroBubble needs steady state on every rank, m*k >= p + k - 1; torch's ZB-V
+# pattern needs m >= 2p - 1.
+SCHEDULE_SPECS: dict[str, ScheduleSpec] = {
+    "1F1B": ScheduleSpec(
+        lambda p, v, m, k: seq1f1b_order(p, m, k), segmented=False,
+        analytic=lambda p, v, m, k: analytic_bubble(p, m),
+    ),
+    "GPipe": ScheduleSpec(
+        lambda p, v, m, k: gpipe_order(p, m, k), segmented=False,
+        analytic=lambda p, v, m, k: analytic_bubble(p, m),
+    ),
+    "Seq1F1B": ScheduleSpec(
+        lambda p, v, m, k: seq1f1b_order(p, m, k), segmented=True,
+        analytic=lambda p, v, m, k: analytic_bubble(p, m, k),
+    ),
+    "Interleaved1F1B": ScheduleSpec(
+        interleaved_seq1f1b_order, segmented=False, min_chunks=2, max_chunks=None,
+        analytic=lambda p, v, m, k: analytic_bubble(p, m, k, v) if m * k >= p else None,
+    ),
+    "InterleavedSeq1F1B": ScheduleSpec(
+        interleaved_seq1f1b_order, segmented=True, min_chunks=2, max_chunks=None,
+        analytic=lambda p, v, m, k: analytic_bubble(p, m, k, v) if m * k >= p else None,
+    ),
+    "Seq1F1BZeroBubble": ScheduleSpec(
+        lambda p, v, m, k: seq1f1b_zero_bubble_order(p, m, k), segmented=True,
+        analytic=lambda p, v, m, k: (
+            _zero_bubble_analytic(p, v, m, k) if m * k >= p + k - 1 else None
+        ),
+    ),
+    "Seq1F1BZBV": ScheduleSpec(
+        lambda p, v, m, k: seq1f1b_zbv_order(p, m, k), segmented=True,
+        min_chunks=2, max_chunks=2, analytic=lambda p, v, m, k: None,
+    ),
+    "LoopedBFS": ScheduleSpec(
+        _torch_order("LoopedBFS"), segmented=False, min_chunks=2, max_chunks=None,
+        analytic=lambda p, v, m, k: analytic_bubble(p, m, k, v) if m >= p else None,
+    ),
+    "ZBVZeroBubble": ScheduleSpec(
+        _torch_order("ZBVZeroBubble"), segmented=False, min_chunks=2, max_chunks=2,
+        analytic=lambda p, v, m, k: _zero_bubble_analytic(p, v, m, k) if m >= 2 * p - 1 else None,
+    ),
+}
+SCHEDULES = tuple(SCHEDULE_SPECS)
+# What the CLI runs without --schedule; "--schedule all" runs every schedule.
+DEFAULT_SCHEDULES = ("1F1B", "GPipe", "Seq1F1B")
 
 
 # ---- configuration ----------------------------------------------------------
@@ -168,8 +342,12 @@ class MemoryModel:
 class SimConfig:
     """One simulated training step.
 
-    ``segments`` only applies to Seq1F1B; 1F1B and GPipe run whole microbatches
-    (k = 1), as torch's schedules of those names do.
+    ``segments`` only applies to the segmented schedules (Seq1F1B,
+    InterleavedSeq1F1B, Seq1F1BZeroBubble); torch's schedules run whole
+    microbatches (k = 1). ``v`` is the number of stages (model chunks) per
+    rank; ``None`` means the schedule's default (1, or 2 for the multi-stage
+    schedules). ``backward_split`` sets the I/W costs of split backwards:
+    "equal" (I = W = F) or "flops" (W = weight-gradient FLOPs).
     """
 
     model: ModelShape
@@ -180,43 +358,58 @@ class SimConfig:
     schedule: str = "Seq1F1B"
     tp: int = 1
     dp: int = 1
-    v: int = 1
+    v: int | None = None
     partition: str = "balanced"
     p2p_latency: float = 0.0
     align: int | None = None
+    backward_split: str = "equal"
     memory: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULE_SPECS:
+            raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
+        if self.v is None:
+            object.__setattr__(self, "v", self.spec.min_chunks)
         for name in ("seq_len", "pp", "microbatches", "segments", "tp", "dp", "v"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
+        problem = self.spec.chunks_problem(self.schedule, self.v)
+        if problem:
+            raise ValueError(f"v={self.v} stages per rank: {problem}")
         if self.partition not in ("uniform", "balanced"):
             raise ValueError(f"partition={self.partition!r} must be 'uniform' or 'balanced'")
+        if self.backward_split not in ("equal", "flops"):
+            raise ValueError(
+                f"backward_split={self.backward_split!r} must be 'equal' or 'flops'"
+            )
         if self.p2p_latency < 0:
             raise ValueError(f"p2p_latency={self.p2p_latency} must be >= 0")
-        if self.pp > self.model.n_layers:
+        if self.num_stages > self.model.n_layers:
             raise ValueError(
-                f"pp={self.pp} exceeds the model's {self.model.n_layers} layers; "
-                "every stage needs at least one block"
+                f"pp={self.pp} x v={self.v} = {self.num_stages} stages exceeds the model's "
+                f"{self.model.n_layers} layers; every stage needs at least one block: "
+                "lower pp or v (CLI: --pp, --chunks/-v)"
             )
         if self.model.n_heads % self.tp:
             raise ValueError(
                 f"tp={self.tp} does not divide n_heads={self.model.n_heads}; "
                 "tensor parallelism splits attention heads"
             )
-        if self.v != 1:
-            raise NotImplementedError(
-                f"v={self.v}: interleaved (virtual-stage) orders are not implemented; "
-                "orders.py has no interleaved Seq1F1B generator yet, use v=1"
-            )
+
+    @property
+    def spec(self) -> ScheduleSpec:
+        return SCHEDULE_SPECS[self.schedule]
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages: pp ranks x v stages per rank."""
+        return self.pp * self.v
 
     @property
     def num_segments(self) -> int:
-        """k actually used: 1 unless the schedule is Seq1F1B."""
-        return self.segments if self.schedule == "Seq1F1B" else 1
+        """k actually used: 1 unless the schedule is segmented."""
+        return self.segments if self.spec.segmented else 1
 
     @property
     def segment_align(self) -> int:
@@ -233,39 +426,13 @@ class SimConfig:
 
     def layers_per_stage(self) -> list[int]:
         """Blocks per stage; a remainder goes to the earliest stages."""
-        base, extra = divmod(self.model.n_layers, self.pp)
-        return [base + (1 if s < extra else 0) for s in range(self.pp)]
-
-
-# ---- orders ---------------------------------------------------------------
-
-
-def gpipe_order(num_stages: int, n_microbatches: int, num_segments: int = 1) -> Order:
-    """GPipe: every forward in unit order, then every backward.
-
-    Backwards are FIFO over microbatches and LIFO over segments, the order the
-    segment checker requires (torch's ScheduleGPipe for ``num_segments = 1``).
-    """
-    units = [(i, j) for i in range(n_microbatches) for j in range(num_segments)]
-    backward = [(i, j) for i in range(n_microbatches) for j in reversed(range(num_segments))]
-    return {
-        rank: [SegmentAction(rank, "F", *u) for u in units]
-        + [SegmentAction(rank, "B", *u) for u in backward]
-        for rank in range(num_stages)
-    }
+        base, extra = divmod(self.model.n_layers, self.num_stages)
+        return [base + (1 if s < extra else 0) for s in range(self.num_stages)]
 
 
 def schedule_order(config: SimConfig) -> Order:
     """The per-rank compute order the real schedule named ``config.schedule`` runs."""
-    k = config.num_segments
-    if config.schedule == "GPipe":
-        return gpipe_order(config.pp, config.microbatches, k)
-    return seq1f1b_order(config.pp, config.microbatches, k)
-
-
-def analytic_bubble(num_stages: int, n_microbatches: int, num_segments: int = 1) -> float:
-    """Bubble fraction of 1F1B/GPipe (k = 1) and Seq1F1B with equal-cost units."""
-    return (num_stages - 1) / (n_microbatches * num_segments + num_stages - 1)
+    return config.spec.order(config.pp, config.v, config.microbatches, config.num_segments)
 
 
 # ---- timeline ---------------------------------------------------------------
@@ -292,37 +459,48 @@ def simulate_timeline(
     duration: Callable[[SegmentAction], float],
     p2p_latency: float = 0.0,
 ) -> Timeline:
-    """Replay ``order`` with data dependencies across stages (one stage per rank).
+    """Replay ``order`` with its data dependencies across stages.
 
-    An action's start time depends only on its rank's previous action and on
-    its cross-stage dependency, so filling the ranks in any order that respects
-    those dependencies gives the same timeline.
+    The rank of every stage is read from ``order`` (any placement works);
+    ``p2p_latency`` is added to dependencies between different ranks. An
+    action's start time depends only on its rank's previous action and on its
+    dependency, so filling the ranks in any order that respects those
+    dependencies gives the same timeline.
     """
-    num_stages = len(order)
+    rank_of = {a.stage: rank for rank, actions in order.items() for a in actions}
+    scheduled = {a for actions in order.values() for a in actions}
+    last_stage = max(rank_of, default=0)
+
+    def dependency(action: SegmentAction) -> SegmentAction | None:
+        stage, unit = action.stage, action.unit
+        if action.kind == "F":
+            return SegmentAction(stage - 1, "F", *unit) if stage > 0 else None
+        if action.kind == "W":
+            return SegmentAction(stage, "I", *unit)
+        if stage == last_stage:
+            return SegmentAction(stage, "F", *unit)
+        upstream = [SegmentAction(stage + 1, kind, *unit) for kind in "BI"]
+        found = [a for a in upstream if a in scheduled]
+        if not found:
+            raise ValueError(f"{action}: stage {stage + 1} never runs this unit's backward")
+        return found[0]
+
     position = {rank: 0 for rank in order}
     free_at = {rank: 0.0 for rank in order}
     busy = {rank: 0.0 for rank in order}
     spans: dict[SegmentAction, tuple[float, float]] = {}
-
-    def dependency(action: SegmentAction) -> SegmentAction | None:
-        if action.kind == "F" and action.stage > 0:
-            return SegmentAction(action.stage - 1, "F", *action.unit)
-        if action.kind == "B" and action.stage < num_stages - 1:
-            return SegmentAction(action.stage + 1, "B", *action.unit)
-        return None
-
-    remaining = sum(len(actions) for actions in order.values())
+    remaining = len(scheduled)
     while remaining:
         progressed = False
         for rank, actions in order.items():
             while position[rank] < len(actions):
                 action = actions[position[rank]]
-                if action.kind not in "FB":
-                    raise ValueError(f"{action}: only F and B actions are simulated")
                 dep = dependency(action)
                 if dep is not None and dep not in spans:
                     break
-                ready = spans[dep][1] + p2p_latency if dep is not None else 0.0
+                ready = 0.0
+                if dep is not None:
+                    ready = spans[dep][1] + (p2p_latency if rank_of[dep.stage] != rank else 0.0)
                 start = max(free_at[rank], ready)
                 end = start + duration(action)
                 spans[action] = (start, end)
@@ -335,6 +513,48 @@ def simulate_timeline(
             waiting = [str(order[r][position[r]]) for r in order if position[r] < len(order[r])]
             raise ValueError(f"order deadlocks; next actions {waiting}")
     return Timeline(max(free_at.values(), default=0.0), busy, spans)
+
+
+def _weight_grad_flops(cost: TransformerCost, length: int, end: int) -> float:
+    """FLOPs of the weight gradients of tokens ``[end - length, end)``.
+
+    A matmul's weight gradient costs as much as its forward, so this is the
+    forward minus attention's QK^T and AV, which have no weights. In
+    ``forward_flops(s, end) = a s^2 + b s`` only attention depends on how
+    many keys a query sees, at ``-2a`` FLOPs per (query, key) pair.
+    """
+    a, _ = cost.flops_coefficients(end)
+    keys_attended = length * end - length * (length - 1) // 2
+    return cost.forward_flops(length, end) + 2 * a * keys_attended
+
+
+def _unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
+    """Per-segment time of each action kind on a stage holding L/p blocks."""
+    cost = config.model.cost()
+    whole = cost.forward_flops(plan.seq_len, plan.seq_len)
+    forward = [f / whole for f in plan.segment_flops(cost)]
+    if config.backward_split == "equal":
+        weight = forward
+    else:
+        weight = [
+            _weight_grad_flops(cost, n, end) / whole for n, end in zip(plan.lengths, plan.ends)
+        ]
+    return {
+        "F": forward,
+        "B": [2 * f for f in forward],
+        "I": [2 * f - w for f, w in zip(forward, weight)],
+        "W": weight,
+    }
+
+
+def _equal_cost_duration(num_segments: int, chunks: int) -> Callable[[SegmentAction], float]:
+    """F = I = W = 1/(k v), B = 2/(k v): one microbatch over a rank's blocks costs 1 + 2."""
+    return lambda action: (2 if action.kind == "B" else 1) / (num_segments * chunks)
+
+
+def equal_cost_bubble(order: Order, num_segments: int, chunks: int) -> float:
+    """Idle fraction of ``order`` when all units cost the same (F = I = W, B = 2F)."""
+    return simulate_timeline(order, _equal_cost_duration(num_segments, chunks)).bubble_fraction
 
 
 # ---- memory -----------------------------------------------------------------
@@ -357,7 +577,7 @@ class _StageMemory:
 
     @property
     def _is_last(self) -> bool:
-        return self.stage == self.config.pp - 1
+        return self.stage == self.config.num_stages - 1
 
     def model_state_bytes(self) -> int:
         cfg, model = self.config, self._model
@@ -396,7 +616,7 @@ class _StageMemory:
             total += (norm_and_head_inputs + loss_softmax) * length * b
         return total
 
-    def _kv_row_bytes(self, dtype_bytes: int) -> float:
+    def kv_row_bytes(self, dtype_bytes: int) -> float:
         """K and V of one token over this stage's blocks, on one TP rank."""
         model = self._model
         shards = min(self.config.tp, model.n_kv_heads)
@@ -406,9 +626,15 @@ class _StageMemory:
 
 @dataclass(frozen=True)
 class RankReport:
-    """Per-rank results; byte counts are peaks over the step."""
+    """Per-rank results; byte counts are peaks over the step.
+
+    ``peak_activation_microbatches`` is the activation peak in units of one
+    unsplit microbatch's activations over all of the rank's stages (the ``A``
+    of the design note's theory table).
+    """
 
     rank: int
+    stages: tuple[int, ...]
     busy: float
     idle: float
     model_state_bytes: int
@@ -418,19 +644,28 @@ class RankReport:
     peak_activation_microbatches: float
 
 
-def _rank_memory(config: SimConfig, plan: SegmentPlan, rank: int, actions: list[SegmentAction]):
-    """Walk one rank's order; return (states, peak activations, peak K/V, peak total, peak mbs)."""
-    stage = _StageMemory(config, rank)
-    k, mem = plan.num_segments, config.memory
-    act = [stage.unit_activation_bytes(n, e) for n, e in zip(plan.lengths, plan.ends)]
-    # One unsplit microbatch: the unit the "activations in microbatches" metric counts in.
-    whole = stage.unit_activation_bytes(plan.seq_len, plan.seq_len)
-    kv_dtype, grad_dtype = (2, 4) if mem.kv_store == "preallocated" else (2, 2)
-    kv_row, grad_row = stage._kv_row_bytes(kv_dtype), stage._kv_row_bytes(grad_dtype)
+def _rank_memory(config: SimConfig, plan: SegmentPlan, actions: list[SegmentAction]):
+    """Walk one rank's order; return (states, peak activations, peak K/V, peak total, peak mbs).
 
-    live: dict[tuple[int, int], float] = {}
-    kv: dict[int, float] = {}
-    grads: dict[int, float] = {}
+    State is keyed by stage: a rank holding several stages keeps each stage's
+    units and K/V store separately, and its memory is their sum.
+    """
+    k, mem = plan.num_segments, config.memory
+    stages = {s: _StageMemory(config, s) for s in sorted({a.stage for a in actions})}
+    act = {
+        s: [m.unit_activation_bytes(n, e) for n, e in zip(plan.lengths, plan.ends)]
+        for s, m in stages.items()
+    }
+    # One unsplit microbatch on every stage of the rank: what "activations in microbatches"
+    # counts in.
+    whole = sum(m.unit_activation_bytes(plan.seq_len, plan.seq_len) for m in stages.values())
+    kv_dtype, grad_dtype = (2, 4) if mem.kv_store == "preallocated" else (2, 2)
+    kv_row = {s: m.kv_row_bytes(kv_dtype) for s, m in stages.items()}
+    grad_row = {s: m.kv_row_bytes(grad_dtype) for s, m in stages.items()}
+
+    live: dict[tuple[int, int, int], float] = {}  # (stage, microbatch, segment)
+    kv: dict[tuple[int, int], float] = {}  # (stage, microbatch)
+    grads: dict[tuple[int, int], float] = {}
     peaks = {"act": 0.0, "kv": 0.0, "total": 0.0}
 
     def record() -> None:
@@ -440,25 +675,26 @@ def _rank_memory(config: SimConfig, plan: SegmentPlan, rank: int, actions: list[
         peaks["total"] = max(peaks["total"], a + s)
 
     for action in actions:
-        i, j = action.unit
+        s, (i, j) = action.stage, action.unit
         if action.kind == "F":
-            live[(i, j)] = act[j]
+            live[(s, i, j)] = act[s][j]
             if k > 1:
                 held = plan.seq_len if mem.kv_store == "preallocated" else plan.ends[j]
-                kv[i] = held * kv_row
+                kv[(s, i)] = held * kv_row[s]
             record()
-        else:
-            if k > 1 and j == k - 1:
-                # KVStore banks fp32 grads of [0, offset_{k-1}); the paper's code keeps a
-                # view of the first backward's dK/dV, which spans the whole sequence.
-                rows = plan.offsets[-1] if mem.kv_store == "preallocated" else plan.seq_len
-                grads[i] = rows * grad_row
-            record()  # the unit's activations are alive until its backward ends
-            del live[(i, j)]
+            continue
+        if action.kind in "BI" and k > 1 and j == k - 1:
+            # KVStore banks fp32 grads of [0, offset_{k-1}); the paper's code keeps a
+            # view of the first backward's dK/dV, which spans the whole sequence.
+            rows = plan.offsets[-1] if mem.kv_store == "preallocated" else plan.seq_len
+            grads[(s, i)] = rows * grad_row[s]
+        record()  # the unit's activations are alive until its backward ends
+        if action.kind in "BW":  # its last backward step: B, or W after I
+            del live[(s, i, j)]
             if j == 0:
-                kv.pop(i, None)
-                grads.pop(i, None)
-    states = stage.model_state_bytes()
+                kv.pop((s, i), None)
+                grads.pop((s, i), None)
+    states = sum(m.model_state_bytes() for m in stages.values())
     return states, peaks["act"], peaks["kv"], states + peaks["total"], peaks["act"] / whole
 
 
@@ -467,14 +703,18 @@ def _rank_memory(config: SimConfig, plan: SegmentPlan, rank: int, actions: list[
 
 @dataclass(frozen=True)
 class SimResult:
-    """Everything one simulation reports."""
+    """Everything one simulation reports.
+
+    ``analytic_bubble_fraction`` is None where no closed form is exact (see
+    ``SCHEDULE_SPECS``).
+    """
 
     config: SimConfig
     segment_lengths: tuple[int, ...]
     makespan: float
     bubble_fraction: float
     equal_cost_bubble_fraction: float
-    analytic_bubble_fraction: float
+    analytic_bubble_fraction: float | None
     ranks: tuple[RankReport, ...]
 
     @property
@@ -493,6 +733,7 @@ class SimResult:
         cfg = self.config
         return {
             "schedule": self.schedule,
+            "chunks": cfg.v,
             "makespan": self.makespan,
             "bubble_fraction": self.bubble_fraction,
             "equal_cost_bubble_fraction": self.equal_cost_bubble_fraction,
@@ -509,6 +750,7 @@ class SimResult:
                 "segments": cfg.num_segments,
                 "partition": cfg.partition,
                 "p2p_latency": cfg.p2p_latency,
+                "backward_split": cfg.backward_split,
                 "memory": asdict(cfg.memory),
             },
             "segment_lengths": list(self.segment_lengths),
@@ -519,26 +761,24 @@ class SimResult:
 def simulate(config: SimConfig) -> SimResult:
     """Simulate one step of ``config.schedule``: timeline and per-rank memory."""
     plan = config.plan()
-    k = plan.num_segments
+    k, v = plan.num_segments, config.v
     order = schedule_order(config)
-    cost = config.model.cost()
-    whole = cost.forward_flops(plan.seq_len, plan.seq_len)
-    forward = [f / whole for f in plan.segment_flops(cost)]
+    times = _unit_times(config, plan)
     stage_share = [n * config.pp / config.model.n_layers for n in config.layers_per_stage()]
-
-    def duration(action: SegmentAction) -> float:
-        t = forward[action.segment] * stage_share[action.stage]
-        return t if action.kind == "F" else 2 * t
-
-    timeline = simulate_timeline(order, duration, config.p2p_latency)
-    equal = simulate_timeline(order, lambda a: (1 if a.kind == "F" else 2) / k, 0.0)
+    timeline = simulate_timeline(
+        order,
+        lambda action: times[action.kind][action.segment] * stage_share[action.stage],
+        config.p2p_latency,
+    )
+    equal = simulate_timeline(order, _equal_cost_duration(k, v))
     ranks = []
     for rank, actions in order.items():
-        states, act, kv, total, mbs = _rank_memory(config, plan, rank, actions)
+        states, act, kv, total, mbs = _rank_memory(config, plan, actions)
         busy = timeline.busy[rank]
         ranks.append(
             RankReport(
                 rank=rank,
+                stages=tuple(sorted({a.stage for a in actions})),
                 busy=busy,
                 idle=timeline.makespan - busy,
                 model_state_bytes=int(states),
@@ -554,17 +794,18 @@ def simulate(config: SimConfig) -> SimResult:
         makespan=timeline.makespan,
         bubble_fraction=timeline.bubble_fraction,
         equal_cost_bubble_fraction=equal.bubble_fraction,
-        analytic_bubble_fraction=analytic_bubble(config.pp, config.microbatches, k),
+        analytic_bubble_fraction=config.spec.analytic(config.pp, v, config.microbatches, k),
         ranks=tuple(ranks),
     )
-
-
 # ---- the paper's memory figure ------------------------------------------------
 
 
 @dataclass(frozen=True)
 class PaperConfig:
-    """One bar group of the paper's peak-memory figure and the layout inferred for it."""
+    """One bar group of the paper's peak-memory figure and the layout inferred for it.
+
+    ``published_gb`` maps a schedule name to the published GB, None for OOM.
+    """
 
     label: str
     model: str
@@ -573,7 +814,7 @@ class PaperConfig:
     pp: int
     tp: int
     microbatches: int
-    published_gb: dict[str, float]
+    published_gb: dict[str, float | None]
 
     def sim_config(self, schedule: str) -> SimConfig:
         return SimConfig(
@@ -585,6 +826,7 @@ class PaperConfig:
             microbatches=self.microbatches,
             segments=4,
             schedule=schedule,
+            v=PAPER_CHUNKS if SCHEDULE_SPECS[schedule].multi_stage else 1,
             partition="balanced",
             memory=MemoryModel(
                 sequence_parallel=True,
@@ -596,42 +838,67 @@ class PaperConfig:
         )
 
 
-# Published: 1F1B and Seq1F1B peak memory per GPU (GB), design notes section 5.
+def _published(one_f_one_b, seq1f1b, interleaved, interleaved_seq1f1b):
+    return {
+        "1F1B": one_f_one_b,
+        "Seq1F1B": seq1f1b,
+        "Interleaved1F1B": interleaved,
+        "InterleavedSeq1F1B": interleaved_seq1f1b,
+    }
+
+
+# Published peak memory per GPU (GB), 1F1B / Seq1F1B / 1F1B-I / Seq1F1B-I, design
+# notes section 5; None = OOM.
 PAPER_CONFIGS: tuple[PaperConfig, ...] = (
     PaperConfig("2.7B 8xGPU 16k", "paper-2.7b", 8, 16384, 8, 1, 16,
-                {"1F1B": 51.4, "Seq1F1B": 29.8}),
+                _published(51.4, 29.8, 71.0, 29.7)),
     PaperConfig("7B 32xGPU 32k", "paper-7b", 32, 32768, 4, 8, 8,
-                {"1F1B": 28.0, "Seq1F1B": 18.9}),
+                _published(28.0, 18.9, 34.2, 16.4)),
     PaperConfig("7B 32xGPU 64k", "paper-7b", 32, 65536, 4, 8, 8,
-                {"1F1B": 51.4, "Seq1F1B": 34.3}),
+                _published(51.4, 34.3, 62.9, 28.4)),
     PaperConfig("13B 32xGPU 32k", "paper-13b", 32, 32768, 4, 8, 8,
-                {"1F1B": 44.2, "Seq1F1B": 29.7}),
+                _published(44.2, 29.7, 53.2, 25.8)),
     PaperConfig("30B 64xGPU 32k", "paper-30b", 64, 32768, 8, 8, 16,
-                {"1F1B": 71.4, "Seq1F1B": 37.6}),
+                _published(71.4, 37.6, None, 38.6)),
 )
+# Model chunks per rank assumed for the interleaved bars (the scripts sweep 2 and 4).
+PAPER_CHUNKS = 2
 
 
 def run_paper(configs: Sequence[PaperConfig] = PAPER_CONFIGS) -> list[dict]:
-    """Predicted vs published peak memory (GiB) for 1F1B and Seq1F1B, with ratios."""
+    """Predicted vs published peak memory (GiB), with each schedule's ratio to 1F1B.
+
+    Seq1F1B rows carry the Seq1F1B / 1F1B ratios, as do the 1F1B rows. The
+    interleaved rows (v = ``PAPER_CHUNKS``) follow, with their own ratio to
+    1F1B; a published None (OOM) has no ratio.
+    """
     records = []
     for paper in configs:
         predicted = {
             name: simulate(paper.sim_config(name)).max_peak_memory_bytes / GIB
-            for name in ("1F1B", "Seq1F1B")
+            for name in paper.published_gb
         }
-        predicted_ratio = predicted["Seq1F1B"] / predicted["1F1B"]
-        published_ratio = paper.published_gb["Seq1F1B"] / paper.published_gb["1F1B"]
-        for name in ("1F1B", "Seq1F1B"):
+
+        def ratios(name: str) -> tuple[float, float | None]:
+            published = paper.published_gb[name]
+            return (
+                predicted[name] / predicted["1F1B"],
+                None if published is None else published / paper.published_gb["1F1B"],
+            )
+
+        for name in paper.published_gb:
+            predicted_ratio, published_ratio = ratios("Seq1F1B" if name == "1F1B" else name)
             records.append({
                 "config": paper.label,
                 "schedule": name,
                 "predicted_gb": round(predicted[name], 2),
                 "published_gb": paper.published_gb[name],
                 "predicted_ratio": round(predicted_ratio, 3),
-                "published_ratio": round(published_ratio, 3),
+                "published_ratio": None if published_ratio is None else round(published_ratio, 3),
                 "layout": {"gpus": paper.gpus, "pp": paper.pp, "tp": paper.tp,
                            "dp": paper.gpus // (paper.pp * paper.tp),
-                           "microbatches": paper.microbatches, "segments": 4},
+                           "microbatches": paper.microbatches, "segments": 4,
+                           "chunks": paper.sim_config(name).v},
             })
     return records
 
@@ -639,32 +906,35 @@ def run_paper(configs: Sequence[PaperConfig] = PAPER_CONFIGS) -> list[dict]:
 # ---- command line -------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number_at_least(
+    convert: Callable[[str], float], least: float, expected: str
+) -> Callable[[str], float]:
+    """An argparse ``type`` converting with ``convert`` and rejecting values below ``least``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not value >= least:  # also rejects nan
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
+_positive_int = _number_at_least(int, 1, "a positive integer")
+_non_negative_float = _number_at_least(float, 0, "a number >= 0")
 
 
-def _schedule_name(text: str) -> str:
+def _schedule_names(text: str) -> list[str]:
+    if text.lower() == "all":
+        return list(SCHEDULES)
     for name in SCHEDULES:
         if text.lower() == name.lower():
-            return name
+            return [name]
     raise argparse.ArgumentTypeError(
-        f"unknown schedule {text!r}; choose from {', '.join(SCHEDULES)}"
+        f"unknown schedule {text!r}; choose from {', '.join(SCHEDULES)} or all"
     )
 
 
@@ -672,9 +942,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torchtitan_seq1f1b.simulate",
         description=(
-            "Simulate 1F1B / GPipe / Seq1F1B pipeline timelines and per-rank peak memory "
-            "from the exact action orders the schedules run. Times are in forwards of one "
-            "whole microbatch on one stage; backward = 2 x forward."
+            "Simulate pipeline timelines (Seq1F1B and its interleaved and zero-bubble "
+            "variants, torch's 1F1B, GPipe, Interleaved1F1B, LoopedBFS, ZBVZeroBubble) and "
+            "per-rank peak memory from the exact action orders the schedules run. Times are "
+            "in forwards of one whole microbatch over one rank's share of the model; "
+            "backward = 2 x forward."
         ),
     )
     model = parser.add_argument_group("model (a preset, or explicit dims)")
@@ -693,22 +965,28 @@ def _parser() -> argparse.ArgumentParser:
 
     run = parser.add_argument_group("parallelism and schedule")
     run.add_argument("--seq-len", type=_positive_int, help="tokens per sequence")
-    run.add_argument("--pp", type=_positive_int, help="pipeline stages (= ranks)")
+    run.add_argument("--pp", type=_positive_int, help="pipeline ranks")
     run.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel degree")
     run.add_argument("--dp", type=_positive_int, default=1, help="data parallel degree")
     run.add_argument("--microbatches", "-m", type=_positive_int, help="microbatches per step")
     run.add_argument("--segments", "-k", type=_positive_int, default=4,
-                     help="Seq1F1B segments per microbatch (1F1B and GPipe use 1)")
-    run.add_argument("--v", type=_positive_int, default=1,
-                     help="stages per rank; only 1 is implemented")
+                     help="segments per microbatch of the Seq1F1B schedules (torch's use 1)")
+    run.add_argument("--chunks", "-v", "--v", type=_positive_int, default=None,
+                     help="stages (model chunks) per rank of the multi-stage schedules "
+                          "(default 2); the others run 1")
     run.add_argument("--partition", choices=("uniform", "balanced"), default="balanced",
                      help="segment lengths: equal, or equal forward FLOPs")
     run.add_argument("--align", type=_positive_int, default=None,
                      help="segment length multiple (default: tp with sequence parallel, else 1)")
-    run.add_argument("--schedule", type=_schedule_name, nargs="+", default=list(SCHEDULES),
-                     metavar="NAME", help=f"one or more of {', '.join(SCHEDULES)} (default: all)")
+    run.add_argument("--schedule", type=_schedule_names, nargs="+",
+                     default=[list(DEFAULT_SCHEDULES)], metavar="NAME",
+                     help=f"one or more of {', '.join(SCHEDULES)}, or all "
+                          f"(default: {' '.join(DEFAULT_SCHEDULES)})")
+    run.add_argument("--backward-split", choices=("equal", "flops"), default="equal",
+                     help="I/W cost of split backwards: I = W = forward, or W = "
+                          "weight-gradient FLOPs and I the rest (attention)")
     run.add_argument("--p2p-latency", type=_non_negative_float, default=0.0,
-                     help="added to every cross-stage dependency, in microbatch-forward units")
+                     help="added to every cross-rank dependency, in microbatch-forward units")
 
     mem = parser.add_argument_group("memory model")
     mem.add_argument("--micro-batch-size", type=_positive_int, default=1)
@@ -758,6 +1036,25 @@ def _model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(str(error))
 
 
+def _chunks_per_schedule(
+    parser: argparse.ArgumentParser, names: list[str], chunks: int | None
+) -> dict[str, int | None]:
+    """--chunks applies to the multi-stage schedules; the others run one stage per rank."""
+    multi = [name for name in names if SCHEDULE_SPECS[name].multi_stage]
+    if chunks is not None and chunks > 1 and not multi:
+        every_multi = [name for name, spec in SCHEDULE_SPECS.items() if spec.multi_stage]
+        parser.error(
+            f"--chunks/-v {chunks}: the selected schedules ({', '.join(names)}) run one "
+            "stage per rank; drop --chunks, or pick an interleaved schedule with "
+            f"--schedule ({', '.join(every_multi)})"
+        )
+    for name in multi:
+        problem = chunks is not None and SCHEDULE_SPECS[name].chunks_problem(name, chunks)
+        if problem:
+            parser.error(f"--chunks/-v {chunks}: {problem}")
+    return {name: chunks if name in multi else None for name in names}
+
+
 def _configs_from_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> list[SimConfig]:
@@ -776,18 +1073,18 @@ def _configs_from_args(
     )
     base = dict(
         model=model, seq_len=args.seq_len, pp=args.pp, tp=args.tp, dp=args.dp,
-        microbatches=args.microbatches, segments=args.segments, v=args.v,
+        microbatches=args.microbatches, segments=args.segments,
         partition=args.partition, p2p_latency=args.p2p_latency, align=args.align,
-        memory=memory,
+        backward_split=args.backward_split, memory=memory,
     )
+    # De-duplicate, keep order.
+    names = list(dict.fromkeys(name for group in args.schedule for name in group))
     configs = []
-    for name in dict.fromkeys(args.schedule):  # de-duplicate, keep order
+    for name, chunks in _chunks_per_schedule(parser, names, args.chunks).items():
         try:
-            config = SimConfig(schedule=name, **base)
+            config = SimConfig(schedule=name, v=chunks, **base)
             config.plan()  # segment-length errors surface here, as usage errors
             configs.append(config)
-        except NotImplementedError as error:
-            parser.exit(2, f"{parser.prog}: error: {error}\n")
         except ValueError as error:
             parser.error(str(error))
     return configs
@@ -797,20 +1094,25 @@ def _print_results(results: list[SimResult]) -> None:
     cfg = results[0].config
     print(
         f"model={cfg.model.name} seq_len={cfg.seq_len} pp={cfg.pp} tp={cfg.tp} dp={cfg.dp} "
-        f"m={cfg.microbatches} partition={cfg.partition} p2p_latency={cfg.p2p_latency}"
+        f"m={cfg.microbatches} partition={cfg.partition} p2p_latency={cfg.p2p_latency} "
+        f"backward_split={cfg.backward_split}"
     )
-    print(f"{'schedule':<9} {'k':>2} {'makespan':>9} {'bubble':>7} {'equal-cost':>10} "
-          f"{'analytic':>8}  peak GiB per rank (rank 0 activations in microbatches)")
+    width = max(len("schedule"), *(len(r.schedule) for r in results))
+    print(f"{'schedule':<{width}} {'v':>2} {'k':>2} {'makespan':>9} {'bubble':>7} "
+          f"{'equal-cost':>10} {'analytic':>8}  peak GiB per rank "
+          "(rank 0 activations in microbatches)")
     for r in results:
         peaks = " ".join(f"{b / GIB:6.2f}" for b in r.peak_memory_bytes)
+        analytic = r.analytic_bubble_fraction
+        analytic = "-" if analytic is None else f"{analytic:.4f}"
         print(
-            f"{r.schedule:<9} {r.config.num_segments:>2} {r.makespan:>9.3f} "
-            f"{r.bubble_fraction:>7.4f} {r.equal_cost_bubble_fraction:>10.4f} "
-            f"{r.analytic_bubble_fraction:>8.4f}  {peaks}  "
+            f"{r.schedule:<{width}} {r.config.v:>2} {r.config.num_segments:>2} "
+            f"{r.makespan:>9.3f} {r.bubble_fraction:>7.4f} "
+            f"{r.equal_cost_bubble_fraction:>10.4f} {analytic:>8}  {peaks}  "
             f"({r.ranks[0].peak_activation_microbatches:.3f})"
         )
         if r.config.num_segments > 1:
-            print(f"{'':<9} segment lengths {list(r.segment_lengths)}")
+            print(f"{'':<{width}} segment lengths {list(r.segment_lengths)}")
 
 
 def _print_paper(records: list[dict]) -> None:
@@ -827,6 +1129,22 @@ def _print_paper(records: list[dict]) -> None:
             f"{b['predicted_gb']:>10.1f}/{b['published_gb']:<9.1f} "
             f"{b['predicted_ratio']:>7.3f}/{b['published_ratio']:<7.3f} {diff:>+6.3f}"
         )
+    print(f"\ninterleaved, v={PAPER_CHUNKS} (reported, not fitted); ratios are to 1F1B")
+    print(f"{'config':<16} {'1F1B-I pred/pub GB':>19} {'ratio pred/pub':>15} "
+          f"{'Seq1F1B-I pred/pub GB':>22} {'ratio pred/pub':>15}")
+    for label, recs in by_config.items():
+        cells = []
+        for rec in (recs["Interleaved1F1B"], recs["InterleavedSeq1F1B"]):
+            published = rec["published_gb"]
+            published_ratio = rec["published_ratio"]
+            cells.append(
+                f"{rec['predicted_gb']:.1f}/{'OOM' if published is None else f'{published:.1f}'}"
+            )
+            cells.append(
+                f"{rec['predicted_ratio']:.3f}/"
+                f"{'-' if published_ratio is None else f'{published_ratio:.3f}'}"
+            )
+        print(f"{label:<16} {cells[0]:>19} {cells[1]:>15} {cells[2]:>22} {cells[3]:>15}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 
 """torchtitan metrics with Seq1F1B's own per-step figures added."""
 
+import copy
 from typing import Any
 
 import torch
@@ -13,7 +14,9 @@ from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import BaseModelArgs
 
+from torchtitan_seq1f1b.integration.pipeline import SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.simulate import equal_cost_bubble
 
 __all__ = ["Seq1F1BMetricsProcessor", "build_seq1f1b_metrics_processor"]
 
@@ -24,13 +27,14 @@ class Seq1F1BMetricsProcessor(MetricsProcessor):
     - ``segment_len/<j>``: the plan's segment lengths (tokens);
     - ``kv_store_peak_bytes``: the largest K/V store of the logged step over
       all pipeline stages (the first stage's, normally);
-    - ``bubble_estimate``: ``(p-1) / (m*k + p-1)``, the idle fraction of a
-      pipeline of equal-cost units.
+    - ``bubble_estimate``: the idle fraction of the schedule's order when all
+      units cost the same (``(p-1) / (m*k + p-1)`` for Seq1F1B).
 
     Every rank calls ``log``, so the pipeline-wide maximum is one all-reduce.
     """
 
     schedule: ScheduleSeq1F1B | None = None
+    _bubble_estimate: float | None = None
 
     def log(
         self,
@@ -53,13 +57,16 @@ class Seq1F1BMetricsProcessor(MetricsProcessor):
             device=stage.device,
         )
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=stage.group)
-        p, m, k = stage.num_stages, schedule.n_real_microbatches, schedule.num_segments
+        if self._bubble_estimate is None:
+            self._bubble_estimate = equal_cost_bubble(
+                schedule.segment_order, schedule.num_segments, len(schedule._stages)
+            )
         metrics = {
             f"seq1f1b/segment_len/{j}": length
             for j, length in enumerate(schedule.segment_plan.lengths)
         }
         metrics["seq1f1b/kv_store_peak_bytes"] = int(peak.item())
-        metrics["seq1f1b/bubble_estimate"] = (p - 1) / (m * k + p - 1)
+        metrics["seq1f1b/bubble_estimate"] = self._bubble_estimate
         return metrics
 
 
@@ -69,4 +76,11 @@ def build_seq1f1b_metrics_processor(
     model_args: BaseModelArgs | None = None,
     tag: str | None = None,
 ) -> Seq1F1BMetricsProcessor:
+    entry = SCHEDULES.get(job_config.parallelism.pipeline_parallel_schedule)
+    if entry is not None and entry.layout_of == "ZBVZeroBubble":
+        # torchtitan picks the rank that writes metrics by schedule name; its
+        # rule for ZBVZeroBubble (rank 0 holds the last stage) is the V's.
+        job_config = copy.copy(job_config)
+        job_config.parallelism = copy.copy(job_config.parallelism)
+        job_config.parallelism.pipeline_parallel_schedule = entry.layout_of
     return Seq1F1BMetricsProcessor(job_config, parallel_dims, tag)

@@ -3,15 +3,16 @@
 
 """torchtitan pipelining function that adds the Seq1F1B schedule names.
 
-"Seq1F1B", "InterleavedSeq1F1B" and "Seq1F1BZeroBubble" select the schedules
-of :mod:`torchtitan_seq1f1b.schedule`; every other ``pipeline_parallel_schedule``
-goes to torchtitan's own ``pipeline_llm`` untouched. The model is split into
-stages as torchtitan splits it for the torch schedule with the same layout
-(1F1B: one stage per rank; Interleaved1F1B: ``pipeline_parallel_layers_per_stage``
-decides, 2 per rank by default), torchtitan's ``parallelize_fn`` (TP, AC,
-FSDP) is applied to each part, the attention ops become segment-aware, and
-the parts run with a plan derived from ``training.seq_len``, ``[seq1f1b]``
-and the model's dims.
+"Seq1F1B", "InterleavedSeq1F1B", "Seq1F1BZeroBubble" and "Seq1F1BZBV" select
+the schedules of :mod:`torchtitan_seq1f1b.schedule`; every other
+``pipeline_parallel_schedule`` goes to torchtitan's own ``pipeline_llm``
+untouched. The model is split into stages as torchtitan splits it for the
+torch schedule with the same layout (1F1B: one stage per rank;
+Interleaved1F1B: ``pipeline_parallel_layers_per_stage`` decides, 2 per rank by
+default; ZBVZeroBubble: 2 per rank in a V), torchtitan's ``parallelize_fn``
+(TP, AC, FSDP) is applied to each part, the attention ops become
+segment-aware, and the parts run with a plan derived from
+``training.seq_len``, ``[seq1f1b]`` and the model's dims.
 """
 
 import math
@@ -35,6 +36,7 @@ from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
 from torchtitan_seq1f1b.schedule import (
     ScheduleInterleavedSeq1F1B,
     ScheduleSeq1F1B,
+    ScheduleSeq1F1BZBV,
     ScheduleSeq1F1BZeroBubble,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
@@ -46,18 +48,19 @@ __all__ = ["SCHEDULES", "pipeline_llm_seq1f1b", "segment_plan_for"]
 class _ScheduleEntry:
     schedule_class: type[ScheduleSeq1F1B]
     # A torch schedule with the same stage layout, for pipeline_module_split
-    # and for torchtitan's stage-count rules, which only know torch's names.
+    # (loop or V placement) and for torchtitan's stage-count rules.
     layout_of: str
-
-    @property
-    def single_stage(self) -> bool:
-        return self.layout_of == "1F1B"
+    min_stages_per_rank: int = 1
+    max_stages_per_rank: int | None = 1
 
 
 SCHEDULES = {
     "Seq1F1B": _ScheduleEntry(ScheduleSeq1F1B, "1F1B"),
-    "InterleavedSeq1F1B": _ScheduleEntry(ScheduleInterleavedSeq1F1B, "Interleaved1F1B"),
+    "InterleavedSeq1F1B": _ScheduleEntry(
+        ScheduleInterleavedSeq1F1B, "Interleaved1F1B", 2, None
+    ),
     "Seq1F1BZeroBubble": _ScheduleEntry(ScheduleSeq1F1BZeroBubble, "1F1B"),
+    "Seq1F1BZBV": _ScheduleEntry(ScheduleSeq1F1BZBV, "ZBVZeroBubble", 2, 2),
 }
 
 
@@ -256,7 +259,7 @@ def _module_names_per_stage(
     first_less = parallelism.pipeline_parallel_first_stage_less_layers
     last_less = parallelism.pipeline_parallel_last_stage_less_layers
     if layers_per_stage is None:
-        num_stages = pp if entry.single_stage else 2 * pp
+        num_stages = entry.min_stages_per_rank * pp
     else:
         num_stages = math.ceil((model_args.n_layers + first_less + last_less) / layers_per_stage)
         _check_stage_count(
@@ -272,15 +275,19 @@ def _module_names_per_stage(
 def _check_stage_count(
     num_stages: int, pp: int, name: str, entry: _ScheduleEntry, source: str
 ) -> None:
-    if entry.single_stage and num_stages != pp:
-        raise Seq1F1BConfigError(
-            f"{source}, but {name} runs one stage per pipeline rank ({pp}); "
-            f"unset it or give {pp} stages, or use InterleavedSeq1F1B for "
-            "several stages per rank"
+    low, high = entry.min_stages_per_rank, entry.max_stages_per_rank
+    if num_stages % pp == 0 and low <= num_stages // pp <= (high or num_stages):
+        return
+    if high == 1:
+        need = f"one stage per pipeline rank ({pp} stages)"
+        other = "use InterleavedSeq1F1B or Seq1F1BZBV for several stages per rank"
+    elif high == low:
+        need = f"exactly {low} stages per pipeline rank ({low * pp} stages)"
+        other = "use InterleavedSeq1F1B for any number of stages per rank"
+    else:
+        need = (
+            f"a multiple of the pipeline degree ({pp}) with at least {low} stages "
+            f"per rank, e.g. {low * pp}"
         )
-    if not entry.single_stage and (num_stages % pp or num_stages < 2 * pp):
-        raise Seq1F1BConfigError(
-            f"{source}, but {name} needs a multiple of the pipeline degree ({pp}) "
-            f"with at least 2 stages per rank, e.g. {2 * pp}; adjust it, or use "
-            "Seq1F1B for one stage per rank"
-        )
+        other = "use Seq1F1B for one stage per rank"
+    raise Seq1F1BConfigError(f"{source}, but {name} needs {need}; adjust it, or {other}")

@@ -1,0 +1,89 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Run a function on several local gloo ranks (CPU), for tests and the benchmark."""
+
+import multiprocessing
+import os
+import pickle
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["RankFailure", "run_ranks"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(worker, rank, world_size, port, results, args):
+    # One intra-op thread per rank: ranks share the machine's cores.
+    torch.set_num_threads(1)
+    os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+        )
+        # Plain pickle: tensors travel by value, not through shared memory
+        # that dies with this process.
+        results.put((rank, "ok", pickle.dumps(worker(rank, world_size, *args))))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RankFailure(RuntimeError):
+    """Raised in the parent with every failing rank's error."""
+
+    def __init__(self, errors: dict[int, str]):
+        self.errors = errors
+        super().__init__("\n".join(f"[rank {r}] {e}" for r, e in sorted(errors.items())))
+
+
+def run_ranks(worker: Callable, world_size: int, *args, timeout: float = 300) -> list:
+    """Run ``worker(rank, world_size, *args)`` on ``world_size`` gloo ranks.
+
+    ``worker`` must be importable (spawned processes re-import it). Returns
+    each rank's result; raises RankFailure if any rank raised and
+    TimeoutError (after killing every rank) if they do not all finish.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_entry, args=(worker, rank, world_size, port, results, args))
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    outcomes: dict[int, tuple[str, object]] = {}
+    try:
+        while len(outcomes) < world_size:
+            rank, status, value = results.get(timeout=timeout)
+            outcomes[rank] = (status, value)
+    except queue.Empty:
+        raise TimeoutError(
+            f"ranks {sorted(set(range(world_size)) - set(outcomes))} did not finish "
+            f"in {timeout}s (hang); finished: {outcomes}"
+        ) from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    errors = {r: v for r, (s, v) in outcomes.items() if s == "error"}
+    if errors:
+        raise RankFailure(errors)
+    return [pickle.loads(outcomes[r][1]) for r in range(world_size)]
