@@ -22,6 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from torchtitan_seq1f1b._torch_compat import lower_right_causal_attention_cpu
+
 __all__ = [
     "ATTENTION_BACKENDS",
     "AttentionBackend",
@@ -67,28 +69,27 @@ class SDPABackend(AttentionBackend):
     def __call__(self, q, k, v, scale):
         _check_heads(q, k)
         q_len, k_len = q.shape[1], k.shape[1]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         # SDPA's is_causal is top-left aligned when lengths differ: only safe
         # for q_len == k_len. Otherwise a lower-right mask gives the segment its
-        # whole prefix. It is a plain bool tensor, not torch's CausalBias: that
-        # tensor subclass cannot be created under selective activation
-        # checkpointing's dispatch mode, and off CUDA it materialises the same
-        # (q_len, k_len) mask anyway.
-        mask = (
-            None
-            if q_len == k_len
-            else torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(
+        # whole prefix. On CPU the mask is rebuilt in backward rather than
+        # saved (it would cost as much memory as the K prefix). Elsewhere it is
+        # a plain bool tensor, not torch's CausalBias: that tensor subclass
+        # cannot be created under selective activation checkpointing's
+        # dispatch mode.
+        if q_len == k_len:
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+            )
+        elif q.device.type == "cpu":
+            out = lower_right_causal_attention_cpu(q, k, v, scale)
+        else:
+            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(
                 k_len - q_len
             )
-        )
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask,
-            is_causal=mask is None,
-            scale=scale,
-            enable_gqa=q.shape[2] != k.shape[2],
-        )
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+            )
         return out.transpose(1, 2)
 
 
