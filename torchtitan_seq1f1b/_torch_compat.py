@@ -11,9 +11,11 @@ nowhere else, and the torch versions they were tested against are pinned.
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+import torch.distributed.pipelining.schedules as _schedules
 from torch.distributed.pipelining.schedules import (  # noqa: F401
     _Action,
     _add_send_recv,
@@ -268,9 +270,6 @@ def runtime_validation_disabled(stage: _PipelineStageBase) -> Iterator[None]:
 
 # ---- benchmark instrumentation ------------------------------------------------
 
-import time  # noqa: E402 - appended section, kept apart from the runtime helpers above
-
-import torch.distributed.pipelining.schedules as _schedules  # noqa: E402
 
 
 @dataclasses.dataclass

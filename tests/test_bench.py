@@ -1,0 +1,86 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The CPU benchmark: a --quick run's records, and bad options rejected before any spawn.
+
+Timings depend on the machine; only their shape and sanity are checked here.
+"""
+
+import json
+
+import pytest
+
+from torchtitan_seq1f1b import bench
+
+REQUIRED_KEYS = {
+    "schedule", "pp", "microbatches", "segments", "partition", "step_time_s",
+    "peak_activation_bytes", "bubble_fraction", "model", "steps", "actions",
+}
+
+
+@pytest.fixture(scope="module")
+def quick_records(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "quick.json"
+    assert bench.main(["--quick", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def _row(records, schedule, segments=1):
+    return next(r for r in records if r["schedule"] == schedule and r["segments"] == segments)
+
+
+def test_quick_records_are_complete_and_sane(quick_records):
+    assert {r["schedule"] for r in quick_records} == set(bench.SCHEDULES)
+    for record in quick_records:
+        assert REQUIRED_KEYS <= record.keys(), record["label"]
+        assert record["step_time_s"] > 0
+        assert len(record["peak_activation_bytes"]) == record["pp"] == 2
+        assert all(peak > 0 for peak in record["peak_activation_bytes"])
+        assert 0 <= record["bubble_fraction"] < 1
+        kinds = {a["kind"] for a in record["actions"]}
+        assert {"F"} < kinds, record["label"]
+        assert all(a["end"] >= a["start"] >= 0 for a in record["actions"])
+
+
+def test_quick_seq1f1b_holds_less_on_rank_0_than_1f1b(quick_records):
+    one_f_one_b = _row(quick_records, "1F1B")
+    seq1f1b = _row(quick_records, "Seq1F1B", segments=4)
+    assert seq1f1b["peak_activation_bytes"][0] < one_f_one_b["peak_activation_bytes"][0]
+    assert seq1f1b["peak_kv_store_bytes"][0] > 0
+    assert one_f_one_b["peak_activation_ratio"] == 1.0
+    # The simulator models these schedules: its ratios ride along.
+    assert 0 < seq1f1b["predicted"]["peak_activation_ratio"] < 1
+
+
+def test_seq1f1b_k1_runs_the_same_order_as_1f1b(quick_records):
+    one_f_one_b, k1 = _row(quick_records, "1F1B"), _row(quick_records, "Seq1F1B")
+    per_rank = [
+        [(a["kind"], a["microbatch"]) for a in sorted(r["actions"], key=lambda a: a["start"])
+         if a["rank"] == rank]
+        for r in (one_f_one_b, k1)
+        for rank in (0, 1)
+    ]
+    assert per_rank[:2] == per_rank[2:]
+    assert k1["peak_saved_tensor_bytes"][0] < one_f_one_b["peak_activation_bytes"][0]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--pp", "3"], "--layers 4 does not split into the 3 equal stages"),
+        (["-k", "3"], "--segments 3 does not divide --seq-len 512"),
+        (["-m", "0"], "argument --microbatches/-m: expected a positive integer, got 0"),
+        (["-m", "1"], "1F1B needs microbatches >= pp (1 < 2)"),
+        (["--pp", "1"], "--pp 1: a pipeline needs at least 2 ranks"),
+        (["--heads", "3"], "dim=128 is not divisible by n_heads=3"),
+    ],
+)
+def test_bad_options_fail_before_any_rank_starts(argv, message, monkeypatch, capsys):
+    def must_not_spawn(*args, **kwargs):
+        raise AssertionError("ranks were started")
+
+    monkeypatch.setattr(bench, "run_ranks", must_not_spawn)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--quick", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
