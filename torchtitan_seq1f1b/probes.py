@@ -122,7 +122,10 @@ class ActivationMemoryProbe:
         if count == 0:
             self._saved_bytes += key[1]
             self._record_peak()
-        return _Saved(tensor, self, key)
+        # A detached alias: keeping the tensor itself would, for a saved
+        # output, form a cycle through its grad_fn that keeps the graph (and
+        # every tensor it saved) alive after autograd is done with it.
+        return _Saved(tensor.detach(), self, key)
 
     @staticmethod
     def _unpack(packed):
