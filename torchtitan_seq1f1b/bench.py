@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -72,6 +71,7 @@ from torchtitan_seq1f1b.simulate import (
     SimConfig,
     simulate,
     SimResult,
+    write_json,
 )
 
 __all__ = [
@@ -770,11 +770,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(config, records)
     print(f"total wall time {time.perf_counter() - started:.1f}s")
     if args.json:
-        try:
-            with open(args.json, "w") as handle:
-                json.dump(records, handle, indent=1)
-        except OSError as error:
-            parser.exit(1, f"{parser.prog}: error: cannot write --json {args.json}: {error}\n")
+        write_json(parser, args.json, records)
     return 0
 
 

@@ -149,6 +149,7 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
     "equal_cost_bubble",
+    "write_json",
     "PAPER_CONFIGS",
     "MemoryModel",
     "PaperConfig",
@@ -1158,12 +1159,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_results(results)
         records = [r.to_record() for r in results]
     if args.json:
-        try:
-            with open(args.json, "w") as handle:
-                json.dump(records, handle, indent=2)
-        except OSError as error:
-            parser.exit(1, f"{parser.prog}: error: cannot write --json {args.json}: {error}\n")
+        write_json(parser, args.json, records)
     return 0
+
+
+def write_json(parser: argparse.ArgumentParser, path: str, records: list[dict]) -> None:
+    """Write a command's ``--json`` records; an unwritable path exits like a bad option."""
+    try:
+        with open(path, "w") as handle:
+            json.dump(records, handle, indent=1)
+    except OSError as error:
+        parser.exit(1, f"{parser.prog}: error: cannot write --json {path}: {error}\n")
 
 
 if __name__ == "__main__":
