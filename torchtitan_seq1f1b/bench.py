@@ -67,6 +67,8 @@ from torchtitan_seq1f1b.schedule import (
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 from torchtitan_seq1f1b.simulate import (
     MemoryModel,
+    number_at_least,
+    positive_int,
     SCHEDULES as SIMULATED_SCHEDULES,
     SimConfig,
     simulate,
@@ -631,24 +633,7 @@ QUICK_PRESET = BenchPreset(
 )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+_non_negative_int = number_at_least(int, 0, "an integer >= 0")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -663,17 +648,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="small model, m = pp, k in {1, 4}, 2 steps: a smoke run of a few minutes")
     run = parser.add_argument_group("layout and rows")
-    run.add_argument("--pp", type=_positive_int, default=2, help="pipeline ranks (default 2)")
-    run.add_argument("--microbatches", "-m", type=_positive_int, nargs="+",
+    run.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (default 2)")
+    run.add_argument("--microbatches", "-m", type=positive_int, nargs="+",
                      help="microbatch counts (default: pp and 2*pp; --quick: pp)")
-    run.add_argument("--segments", "-k", type=_positive_int, nargs="+",
+    run.add_argument("--segments", "-k", type=positive_int, nargs="+",
                      help="Seq1F1B segment counts (default: 1 2 4 8 for Seq1F1B, 1 2 4 for "
                           "its interleaved and zero-bubble variants; --quick: 1 4)")
     run.add_argument("--partitions", nargs="+", choices=("uniform", "balanced"),
                      help="segment lengths for k > 1 (default both; --quick: balanced)")
     run.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES),
                      metavar="NAME", help=f"rows to run (default all: {', '.join(SCHEDULES)})")
-    run.add_argument("--steps", type=_positive_int, help="timed steps per row (default 5; --quick: 2)")
+    run.add_argument("--steps", type=positive_int, help="timed steps per row (default 5; --quick: 2)")
     run.add_argument("--warmup-steps", type=_non_negative_int,
                      help="untimed steps per row first (default 1)")
     model = parser.add_argument_group("model (default: the full or --quick size)")
@@ -687,7 +672,7 @@ def _parser() -> argparse.ArgumentParser:
         ("--seq-len", "tokens per sequence"),
         ("--microbatch-size", "sequences per microbatch (default 1)"),
     ):
-        model.add_argument(flag, type=_positive_int, help=help_text)
+        model.add_argument(flag, type=positive_int, help=help_text)
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     out.add_argument("--timeout", type=float, default=3600,

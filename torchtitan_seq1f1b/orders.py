@@ -21,6 +21,7 @@ segments, since segment j's K/V gradients come from segments j+1..k-1.
   deferred so that it fills bubbles, ZB-H1 style, within 1F1B's memory.
 - :func:`seq1f1b_zbv_order` (v = 2, stages r and 2p-1-r on rank r): split
   backwards on a V, ZB-V style, by list scheduling.
+- :func:`gpipe_order`: every forward, then every backward (for comparison).
 """
 
 from collections import defaultdict
@@ -31,6 +32,7 @@ from torchtitan_seq1f1b.actions import SegmentAction
 
 __all__ = [
     "ScheduleOrderError",
+    "gpipe_order",
     "interleaved_seq1f1b_order",
     "lower_order",
     "seq1f1b_order",
@@ -97,6 +99,21 @@ def seq1f1b_order(num_stages: int, n_microbatches: int, num_segments: int) -> Or
             [SegmentAction(rank, "B", *u) for u in backward_units],
             _seq1f1b_warmup(num_stages, rank, len(units), num_segments),
         )
+        for rank in range(num_stages)
+    }
+
+
+def gpipe_order(num_stages: int, n_microbatches: int, num_segments: int = 1) -> Order:
+    """GPipe: every forward in unit order, then every backward.
+
+    Backwards are FIFO over microbatches and LIFO over segments, the order the
+    segment checker requires (torch's ScheduleGPipe for ``num_segments = 1``).
+    """
+    units = _forward_units(n_microbatches, num_segments)
+    backward = _backward_units(n_microbatches, num_segments)
+    return {
+        rank: [SegmentAction(rank, "F", *u) for u in units]
+        + [SegmentAction(rank, "B", *u) for u in backward]
         for rank in range(num_stages)
     }
 

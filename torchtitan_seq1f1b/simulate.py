@@ -140,6 +140,7 @@ from torchtitan_seq1f1b._torch_compat import torch_schedule_order
 from torchtitan_seq1f1b.actions import SegmentAction
 from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape, get_preset
 from torchtitan_seq1f1b.orders import (
+    gpipe_order,
     interleaved_seq1f1b_order,
     seq1f1b_order,
     seq1f1b_zbv_order,
@@ -149,6 +150,8 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
     "equal_cost_bubble",
+    "number_at_least",
+    "positive_int",
     "write_json",
     "PAPER_CONFIGS",
     "MemoryModel",
@@ -173,21 +176,6 @@ Order = dict[int, list[SegmentAction]]
 
 
 # ---- schedules --------------------------------------------------------------
-
-
-def gpipe_order(num_stages: int, n_microbatches: int, num_segments: int = 1) -> Order:
-    """GPipe: every forward in unit order, then every backward.
-
-    Backwards are FIFO over microbatches and LIFO over segments, the order the
-    segment checker requires (torch's ScheduleGPipe for ``num_segments = 1``).
-    """
-    units = [(i, j) for i in range(n_microbatches) for j in range(num_segments)]
-    backward = [(i, j) for i in range(n_microbatches) for j in reversed(range(num_segments))]
-    return {
-        rank: [SegmentAction(rank, "F", *u) for u in units]
-        + [SegmentAction(rank, "B", *u) for u in backward]
-        for rank in range(num_stages)
-    }
 
 
 def _torch_order(schedule_name: str) -> Callable[[int, int, int, int], Order]:
@@ -907,7 +895,7 @@ def run_paper(configs: Sequence[PaperConfig] = PAPER_CONFIGS) -> list[dict]:
 # ---- command line -------------------------------------------------------------
 
 
-def _number_at_least(
+def number_at_least(
     convert: Callable[[str], float], least: float, expected: str
 ) -> Callable[[str], float]:
     """An argparse ``type`` converting with ``convert`` and rejecting values below ``least``."""
@@ -924,8 +912,8 @@ def _number_at_least(
     return parse
 
 
-_positive_int = _number_at_least(int, 1, "a positive integer")
-_non_negative_float = _number_at_least(float, 0, "a number >= 0")
+positive_int = number_at_least(int, 1, "a positive integer")
+_non_negative_float = number_at_least(float, 0, "a number >= 0")
 
 
 def _schedule_names(text: str) -> list[str]:
@@ -960,24 +948,24 @@ def _parser() -> argparse.ArgumentParser:
         ("--ffn-dim", "MLP hidden width (default: 4 * --dim)"),
         ("--vocab", "vocabulary size (default 128256)"),
     ):
-        model.add_argument(flag, type=_positive_int, help=help_text)
+        model.add_argument(flag, type=positive_int, help=help_text)
     model.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
                        help="SwiGLU MLP (explicit dims only; default on)")
 
     run = parser.add_argument_group("parallelism and schedule")
-    run.add_argument("--seq-len", type=_positive_int, help="tokens per sequence")
-    run.add_argument("--pp", type=_positive_int, help="pipeline ranks")
-    run.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel degree")
-    run.add_argument("--dp", type=_positive_int, default=1, help="data parallel degree")
-    run.add_argument("--microbatches", "-m", type=_positive_int, help="microbatches per step")
-    run.add_argument("--segments", "-k", type=_positive_int, default=4,
+    run.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
+    run.add_argument("--pp", type=positive_int, help="pipeline ranks")
+    run.add_argument("--tp", type=positive_int, default=1, help="tensor parallel degree")
+    run.add_argument("--dp", type=positive_int, default=1, help="data parallel degree")
+    run.add_argument("--microbatches", "-m", type=positive_int, help="microbatches per step")
+    run.add_argument("--segments", "-k", type=positive_int, default=4,
                      help="segments per microbatch of the Seq1F1B schedules (torch's use 1)")
-    run.add_argument("--chunks", "-v", "--v", type=_positive_int, default=None,
+    run.add_argument("--chunks", "-v", "--v", type=positive_int, default=None,
                      help="stages (model chunks) per rank of the multi-stage schedules "
                           "(default 2); the others run 1")
     run.add_argument("--partition", choices=("uniform", "balanced"), default="balanced",
                      help="segment lengths: equal, or equal forward FLOPs")
-    run.add_argument("--align", type=_positive_int, default=None,
+    run.add_argument("--align", type=positive_int, default=None,
                      help="segment length multiple (default: tp with sequence parallel, else 1)")
     run.add_argument("--schedule", type=_schedule_names, nargs="+",
                      default=[list(DEFAULT_SCHEDULES)], metavar="NAME",
@@ -990,7 +978,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="added to every cross-rank dependency, in microbatch-forward units")
 
     mem = parser.add_argument_group("memory model")
-    mem.add_argument("--micro-batch-size", type=_positive_int, default=1)
+    mem.add_argument("--micro-batch-size", type=positive_int, default=1)
     mem.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True)
     mem.add_argument("--attention", choices=("flash", "eager"), default="flash",
                      help="eager stores score matrices (the 5as/h term); flash does not")
