@@ -16,6 +16,7 @@ from torchtitan_seq1f1b import (
     SegmentPlan,
 )
 from torchtitan_seq1f1b._launch import RankFailure, run_ranks  # noqa: F401 - used by tests
+from tests.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     TinyTransformer,
     TinyTransformerArgs,
@@ -43,6 +44,8 @@ class Case:
     schedule: str = "Seq1F1B"
     stages_per_rank: int = 1
     n_layers: int = 4
+    # Every backward on a fresh thread, as CUDA's autograd engine runs it.
+    device_thread: bool = True
 
     @property
     def plan(self) -> SegmentPlan:
@@ -116,7 +119,8 @@ def pipelined(
     inputs = (tokens,) if rank == 0 else ()
     has_last = indices[-1] == num_stages - 1
     losses: list = []
-    schedule.step(*inputs, target=target if has_last else None, losses=losses)
+    with backward_on_fresh_thread(case.device_thread):
+        schedule.step(*inputs, target=target if has_last else None, losses=losses)
     stores = [schedule.kv_stores[i] for i in indices]
     result = {
         "grads": {n: p.grad.clone() for part in parts for n, p in part.named_parameters()},

@@ -20,14 +20,14 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.attention import SegmentAwareAttention, bind_attention, wrap_attention
 from torchtitan_seq1f1b.attention_backends import (
     FlashVarlenBackend,
     SDPABackend,
     TorchVarlenBackend,
     resolve_backend,
 )
-from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, _PrefixBuffers, unit_scope
+from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, _PrefixBuffers
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 F64 = torch.float64
@@ -320,13 +320,14 @@ class SegmentedRun:
     """
 
     def __init__(self, fn, inputs, plan, store, microbatch):
+        bind_attention(fn, store)
         self.fn, self.inputs, self.plan = fn, inputs, plan
         self.store, self.microbatch = store, microbatch
         self.outs = [None] * plan.num_segments
         self.leaves = [None] * plan.num_segments
 
     def _scope(self, segment):
-        return unit_scope(SegmentUnit(self.microbatch, segment, self.plan, self.store))
+        return self.store.running_unit(SegmentUnit(self.microbatch, segment, self.plan))
 
     def forward(self, segment):
         sl = self.plan.slices()[segment]
@@ -405,13 +406,15 @@ def test_segmented_matches_unsplit(kind, plan_name, heads, batch):
             assert (call["max_q"], call["max_k"]) == (length, end)
 
 
-def two_layers(attn_a, attn_b):
+class TwoLayers(nn.Module):
     """A stage with two attention layers: the second takes the first's output as q."""
 
-    def fn(q, k, v, k2, v2):
-        return attn_b(attn_a(q, k, v), k2, v2)
+    def __init__(self, attn_a, attn_b):
+        super().__init__()
+        self.attn_a, self.attn_b = attn_a, attn_b
 
-    return fn
+    def forward(self, q, k, v, k2, v2):
+        return self.attn_b(self.attn_a(q, k, v), k2, v2)
 
 
 @pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen"])
@@ -419,7 +422,7 @@ def test_interleaved_microbatches_two_layers(kind):
     """1F1B-style interleaving of two microbatches through two attention layers
     sharing one store: K/V and banked gradients stay per (layer, microbatch)."""
     plan = SegmentPlan.from_lengths((5, 3, 4))
-    fn = two_layers(
+    fn = TwoLayers(
         SegmentAwareAttention(make_backend(kind)[0]),
         SegmentAwareAttention(make_backend(kind)[0], scale=0.5),
     )
@@ -509,9 +512,10 @@ def test_store_writes_are_idempotent():
     nothing and allocates nothing."""
     plan = PLANS["5-3-4"]
     attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    bind_attention(attn, store)
     kv_bytes = 2 * 2 * plan.seq_len * 2 * 8 * 8  # k and v, (B, S, Hkv, D) float64
     for j in range(plan.num_segments):
-        with unit_scope(SegmentUnit(0, j, plan, store)):
+        with store.running_unit(SegmentUnit(0, j, plan)):
             first = attn(*_segment_inputs(plan, j))
             assert len(store) == 1 and store.nbytes == kv_bytes
             again = attn(*_segment_inputs(plan, j))
@@ -520,14 +524,22 @@ def test_store_writes_are_idempotent():
     assert store.peak_bytes == kv_bytes
 
 
+class Checkpointed(nn.Module):
+    """``inner`` under non-reentrant activation checkpointing."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *inputs):
+        return checkpoint(self.inner, *inputs, use_reentrant=False)
+
+
 @pytest.mark.parametrize("kind", ["sdpa", "flash"])
 def test_segmented_with_activation_checkpointing(kind):
     """Non-reentrant checkpointing recomputes each segment's forward during its
     backward, after later segments already ran theirs."""
-    attn = SegmentAwareAttention(make_backend(kind)[0])
-
-    def fn(q, k, v):
-        return checkpoint(attn, q, k, v, use_reentrant=False)
+    fn = Checkpointed(SegmentAwareAttention(make_backend(kind)[0]))
 
     plan = PLANS["5-3-4"]
     inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=41)
@@ -537,16 +549,17 @@ def test_segmented_with_activation_checkpointing(kind):
 def test_store_free_drops_only_that_microbatch():
     plan = PLANS["5-3-4"]
     attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    bind_attention(attn, store)
     for mb in (0, 1):
-        with unit_scope(SegmentUnit(mb, 0, plan, store)):
+        with store.running_unit(SegmentUnit(mb, 0, plan)):
             attn(*_segment_inputs(plan, 0, seed=40 + mb))
     assert len(store) == 2
     bytes_per_microbatch = store.nbytes // 2
     store.free(0)
     assert len(store) == 1 and store.nbytes == bytes_per_microbatch
-    with unit_scope(SegmentUnit(0, 1, plan, store)), pytest.raises(RuntimeError, match="freed"):
+    with store.running_unit(SegmentUnit(0, 1, plan)), pytest.raises(RuntimeError, match="freed"):
         attn(*_segment_inputs(plan, 1))
-    with unit_scope(SegmentUnit(1, 1, plan, store)):  # microbatch 1 is intact
+    with store.running_unit(SegmentUnit(1, 1, plan)):  # microbatch 1 is intact
         attn(*_segment_inputs(plan, 1, seed=41))
     store.free(1)
     assert len(store) == 0 and store.nbytes == 0
@@ -556,11 +569,12 @@ def test_store_free_drops_only_that_microbatch():
 def test_store_rejects_out_of_order_and_wrong_lengths():
     plan = PLANS["5-3-4"]
     attn, store = SegmentAwareAttention("sdpa"), KVStore()
-    with unit_scope(SegmentUnit(0, 1, plan, store)), pytest.raises(RuntimeError):
+    bind_attention(attn, store)
+    with store.running_unit(SegmentUnit(0, 1, plan)), pytest.raises(RuntimeError):
         attn(*_segment_inputs(plan, 1))
     assert len(store) == 0
     q, k, v = _segment_inputs(plan, 1)  # 3 tokens, but segment 0 has 5
-    with unit_scope(SegmentUnit(0, 0, plan, store)), pytest.raises(
+    with store.running_unit(SegmentUnit(0, 0, plan)), pytest.raises(
         ValueError, match=re.escape(str(plan))
     ):
         attn(q, k, v)
@@ -570,6 +584,7 @@ def test_store_rejects_out_of_order_and_wrong_lengths():
 def test_store_bytes_track_use_and_free():
     plan = PLANS["5-3-4"]
     attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    bind_attention(attn, store)
     inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=42)
     run = SegmentedRun(attn, inputs, plan, store, 0)
     for j in range(plan.num_segments):
@@ -602,10 +617,11 @@ def test_enable_gqa_keyword_is_accepted():
     plan = PLANS["5-3-4"]
     (q, k, v), _ = attention_inputs(2, 4, 2, plan.seq_len, seed=45)
     attn, store = SegmentAwareAttention("sdpa"), KVStore()
+    bind_attention(attn, store)
     ref = attn(q, k, v, enable_gqa=True)
     outs = []
     for j, sl in enumerate(plan.slices()):
-        with unit_scope(SegmentUnit(0, j, plan, store)):
+        with store.running_unit(SegmentUnit(0, j, plan)):
             outs.append(attn(q[:, :, sl], k[:, :, sl], v[:, :, sl], enable_gqa=True))
     assert_close(torch.cat(outs, dim=2), ref, "3 segmented sdpa")
 

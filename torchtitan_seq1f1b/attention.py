@@ -7,7 +7,9 @@
 takes q, k, v after RoPE and the head split). Inside a Seq1F1B unit it lets the
 running segment attend to the K/V of all earlier segments of its microbatch;
 anywhere else it is plain causal attention over the sequence it is given, so
-the same model also trains unsplit.
+the same model also trains unsplit. A schedule binds each stage's attention
+layers to that stage's :class:`KVStore` (:func:`bind_attention`), which says
+which unit is running.
 """
 
 from collections.abc import Callable
@@ -16,9 +18,9 @@ import torch
 import torch.nn as nn
 
 from torchtitan_seq1f1b.attention_backends import AttentionBackend, resolve_backend
-from torchtitan_seq1f1b.kv_store import active_unit
+from torchtitan_seq1f1b.kv_store import KVStore
 
-__all__ = ["SegmentAwareAttention", "wrap_attention"]
+__all__ = ["SegmentAwareAttention", "bind_attention", "wrap_attention"]
 
 
 class SegmentAwareAttention(nn.Module):
@@ -35,6 +37,7 @@ class SegmentAwareAttention(nn.Module):
         super().__init__()
         self.backend = resolve_backend(backend) if isinstance(backend, str) else backend
         self.scale = scale
+        self.kv_store: KVStore | None = None
 
     def forward(
         self,
@@ -60,13 +63,25 @@ class SegmentAwareAttention(nn.Module):
                 "or 'sdpa'"
             )
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        unit = active_unit()
-        if unit is not None:
-            k, v = unit.store.attach(self, unit, k, v)
+        store = self.kv_store
+        if store is not None and store.running is not None:
+            k, v = store.attach(self, k, v)
         return self.backend(q, k, v, self.scale).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"backend={self.backend.name}"
+
+
+def bind_attention(module: nn.Module, store: KVStore | None) -> int:
+    """Point every :class:`SegmentAwareAttention` inside ``module`` at ``store``.
+
+    Returns how many layers were bound. A schedule binds each stage's layers
+    to the stage's store; ``None`` unbinds them (plain causal attention).
+    """
+    layers = [m for m in module.modules() if isinstance(m, SegmentAwareAttention)]
+    for layer in layers:
+        layer.kv_store = store
+    return len(layers)
 
 
 def wrap_attention(

@@ -9,6 +9,14 @@ layer, microbatch) in a buffer preallocated for the whole sequence and written
 in place, one segment's slice at a time: a segment's attention reads a view of
 the prefix instead of concatenating a copy of it.
 
+The store also says which unit its stage is computing (``KVStore.running``).
+That is plain state, not a ``ContextVar`` or thread-local: on CUDA, autograd
+runs backward, custom Function backwards and activation-checkpoint recompute
+on a per-device worker thread, which sees no context set by the schedule's
+thread. One unit runs per stage at a time and the schedule's thread blocks
+while its backward runs, so state owned by the store is what every thread
+sees.
+
 Gradients flow back the other way: the backward of segment j yields dK/dV for
 the whole prefix; the part for earlier segments is accumulated in a gradient
 buffer and added to those segments' own dK/dV when their backward runs
@@ -17,7 +25,6 @@ buffer and added to those segments' own dK/dV when their backward runs
 
 import contextlib
 from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +32,7 @@ import torch.nn as nn
 
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["KVStore", "SegmentUnit", "active_unit", "unit_scope"]
+__all__ = ["KVStore", "SegmentUnit"]
 
 
 class _PrefixBuffers:
@@ -107,19 +114,33 @@ class KVStore:
     def __init__(self):
         self._buffers: dict[tuple[nn.Module, int], _PrefixBuffers] = {}
         self.peak_bytes = 0
+        self.running: SegmentUnit | None = None
+
+    @contextlib.contextmanager
+    def running_unit(self, unit: "SegmentUnit | None") -> Iterator[None]:
+        """Make ``unit`` the one the attention layers bound to this store see,
+        on whichever thread autograd runs them."""
+        previous, self.running = self.running, unit
+        try:
+            yield
+        finally:
+            self.running = previous
 
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self._buffers.values())
 
     def attach(
-        self, layer: nn.Module, unit: "SegmentUnit", k: torch.Tensor, v: torch.Tensor
+        self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of segments 0..unit.segment, this segment's own slice differentiable.
+        """K/V of segments 0..segment of the running unit, its own slice differentiable.
 
         k, v: (batch, segment_len, n_kv_heads, head_dim) for the running segment.
         Returns two (batch, segment_end, n_kv_heads, head_dim) views.
         """
+        unit = self.running
+        if unit is None:
+            raise RuntimeError("KVStore.attach needs a running unit (see running_unit)")
         plan, segment = unit.plan, unit.segment
         if k.shape[1] != plan.lengths[segment]:
             raise ValueError(
@@ -162,21 +183,3 @@ class SegmentUnit:
     microbatch: int
     segment: int
     plan: SegmentPlan
-    store: KVStore
-
-
-_ACTIVE_UNIT: ContextVar[SegmentUnit | None] = ContextVar("seq1f1b_unit", default=None)
-
-
-def active_unit() -> SegmentUnit | None:
-    """The running unit, or None outside a Seq1F1B forward/backward."""
-    return _ACTIVE_UNIT.get()
-
-
-@contextlib.contextmanager
-def unit_scope(unit: SegmentUnit | None) -> Iterator[None]:
-    token = _ACTIVE_UNIT.set(unit)
-    try:
-        yield
-    finally:
-        _ACTIVE_UNIT.reset(token)

@@ -41,7 +41,8 @@ from torchtitan_seq1f1b._torch_compat import (
     scaled_seq_len,
     wrap_stage_compute,
 )
-from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, unit_scope
+from torchtitan_seq1f1b.attention import bind_attention
+from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit
 from torchtitan_seq1f1b.orders import (
     interleaved_seq1f1b_order,
     lower_order,
@@ -192,9 +193,9 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
     ) -> Iterator[None]:
         microbatch, segment = divmod(chunk_id, self.num_segments)
         store = self.kv_stores[stage.stage_index]
-        unit = SegmentUnit(microbatch, segment, self.segment_plan, store)
+        unit = SegmentUnit(microbatch, segment, self.segment_plan)
         uneven = len(set(self.segment_plan.lengths)) > 1
-        with unit_scope(unit), (
+        with store.running_unit(unit), (
             runtime_validation_disabled(stage) if uneven else contextlib.nullcontext()
         ):
             yield
@@ -282,8 +283,11 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         for stage in self._stages:
             stage.has_backward = self._has_backward
             stage.clear_runtime_states()
-        for store in self.kv_stores.values():
+        for stage in self._stages:
+            store = self.kv_stores[stage.stage_index]
             store.clear()
+            # Every step, so attention wrapped after construction is bound too.
+            bind_attention(stage.submod, store)
 
         m = self.n_real_microbatches
         args_mbs, kwargs_mbs = (
