@@ -39,7 +39,7 @@ class Case:
     n_microbatches: int
     lengths: tuple[int, ...]
     n_kv_heads: int = 4
-    activation_checkpoint: bool = False
+    activation_checkpoint: str = "none"  # ACTIVATION_CHECKPOINT_MODES
     microbatch_size: int = 2
     schedule: str = "Seq1F1B"
     stages_per_rank: int = 1

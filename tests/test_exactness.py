@@ -32,7 +32,7 @@ def _plan(partition: str, num_segments: int, n_kv_heads: int) -> SegmentPlan:
 def _cases() -> list[Case]:
     cases = []
     for k, m, partition, n_kv_heads, ac in itertools.product(
-        (1, 2, 3, 4), (1, 2, 3), ("uniform", "balanced"), (4, 2), (False, True)
+        (1, 2, 3, 4), (1, 2, 3), ("uniform", "balanced"), (4, 2), ("none", "full")
     ):
         plan = _plan(partition, k, n_kv_heads)
         cases.append(Case(m, plan.lengths, n_kv_heads=n_kv_heads, activation_checkpoint=ac))
@@ -46,7 +46,7 @@ CASES = _cases()
 def _case_id(case: Case) -> str:
     lengths = "-".join(map(str, case.lengths))
     attn = "mha" if case.n_kv_heads == 4 else "gqa"
-    return f"m{case.n_microbatches}-seg{lengths}-{attn}-ac{int(case.activation_checkpoint)}"
+    return f"m{case.n_microbatches}-seg{lengths}-{attn}-ac_{case.activation_checkpoint}"
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda pp: f"pp{pp}")

@@ -29,7 +29,7 @@ def _cases(schedule: str, pp: int) -> list[Case]:
     stages_per_rank = VARIANTS[schedule]
     cases = []
     for k, m, (n_kv_heads, ac) in itertools.product(
-        (1, 2, 3, 4), (1, 3), ((4, False), (2, True))
+        (1, 2, 3, 4), (1, 3), ((4, "none"), (2, "full"))
     ):
         cost = TinyTransformerArgs(n_kv_heads=n_kv_heads).cost()
         plans = {SegmentPlan.uniform(SEQ_LEN, k).lengths, SegmentPlan.balanced(SEQ_LEN, k, cost).lengths}

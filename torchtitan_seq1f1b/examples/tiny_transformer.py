@@ -9,17 +9,32 @@ weights train unsplit (positions default to 0..L-1) and under Seq1F1B.
 """
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    checkpoint,
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+)
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["TinyTransformer", "TinyTransformerArgs", "token_sum_cross_entropy"]
+__all__ = [
+    "ACTIVATION_CHECKPOINT_MODES",
+    "TinyTransformer",
+    "TinyTransformerArgs",
+    "token_sum_cross_entropy",
+]
+
+# torchtitan's modes: "full" checkpoints every block, "selective_layer" every
+# second block, "selective_op" every block but keeps matmul and attention
+# outputs (recomputing the rest).
+ACTIVATION_CHECKPOINT_MODES = ("none", "full", "selective_layer", "selective_op")
 
 
 @dataclass(frozen=True)
@@ -31,8 +46,16 @@ class TinyTransformerArgs:
     n_kv_heads: int = 4
     ffn_hidden_dim: int = 64
     rope_theta: float = 10000.0
-    activation_checkpoint: bool = False
+    activation_checkpoint: str = "none"
+    """One of ACTIVATION_CHECKPOINT_MODES."""
     attention_backend: str = "auto"
+
+    def __post_init__(self):
+        if self.activation_checkpoint not in ACTIVATION_CHECKPOINT_MODES:
+            raise ValueError(
+                f"activation_checkpoint={self.activation_checkpoint!r}; choose one of "
+                f"{ACTIVATION_CHECKPOINT_MODES}"
+            )
 
     def cost(self) -> TransformerCost:
         """Cost model for computation-balanced segment plans."""
@@ -114,13 +137,26 @@ class TinyTransformer(nn.Module):
         if positions is None:
             positions = torch.arange(x.shape[1], device=x.device)[None]
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        for block in self.layers.values():
-            if self.args.activation_checkpoint and torch.is_grad_enabled():
-                h = checkpoint(block, h, positions, use_reentrant=False)
+        for name, block in self.layers.items():
+            if self._checkpointed(int(name)):
+                h = checkpoint(
+                    block, h, positions, use_reentrant=False, **self._checkpoint_kwargs()
+                )
             else:
                 h = block(h, positions)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+    def _checkpointed(self, layer: int) -> bool:
+        mode = self.args.activation_checkpoint
+        if mode == "none" or not torch.is_grad_enabled():
+            return False
+        return mode != "selective_layer" or layer % 2 == 0
+
+    def _checkpoint_kwargs(self) -> dict:
+        if self.args.activation_checkpoint != "selective_op":
+            return {}
+        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, _keep_matmuls_and_attention)}
 
     def stage(self, stage_index: int, num_stages: int) -> "TinyTransformer":
         """This model's part for ``stage_index`` of ``num_stages`` (layers split evenly)."""
@@ -140,6 +176,18 @@ class TinyTransformer(nn.Module):
             part.norm = None
             part.output = None
         return part
+
+
+_SAVED_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+}
+
+
+def _keep_matmuls_and_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def token_sum_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
