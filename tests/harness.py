@@ -13,10 +13,12 @@ from torchtitan_seq1f1b import (
     ScheduleSeq1F1B,
     ScheduleSeq1F1BZBV,
     ScheduleSeq1F1BZeroBubble,
+    SegmentAwareAttention,
     SegmentPlan,
 )
 from torchtitan_seq1f1b._launch import RankFailure, run_ranks  # noqa: F401 - used by tests
 from tests.device_thread import backward_on_fresh_thread
+from tests.kernel_fakes import stand_in_backend
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     TinyTransformer,
     TinyTransformerArgs,
@@ -46,6 +48,9 @@ class Case:
     n_layers: int = 4
     # Every backward on a fresh thread, as CUDA's autograd engine runs it.
     device_thread: bool = True
+    # "exact", or a GPU kernel's adapter run through its CPU stand-in
+    # ("flash", "varlen", "cuda_exact"; see tests/kernel_fakes.py).
+    kernel: str = "exact"
 
     @property
     def plan(self) -> SegmentPlan:
@@ -103,6 +108,13 @@ def pipelined(
     else:
         indices = [rank + c * world_size for c in range(case.stages_per_rank)]
     parts = [model.stage(i, num_stages) for i in indices]
+    stand_in = None
+    if case.kernel != "exact":
+        backend, stand_in = stand_in_backend(case.kernel)
+        for part in parts:
+            for module in part.modules():
+                if isinstance(module, SegmentAwareAttention):
+                    module.backend = backend
     stages = [
         PipelineStage(part, i, num_stages, torch.device("cpu"))
         for part, i in zip(parts, indices)
@@ -135,6 +147,8 @@ def pipelined(
             for infos in (recv[chunk] for chunk in sorted(recv))
         ],
     }
+    # Attention calls that went through the kernel stand-in (training step only).
+    result["kernel_calls"] = len(stand_in.calls) if stand_in is not None else None
     with torch.no_grad():
         logits = schedule.eval(*inputs, target=target if has_last else None)
     result["logits"] = logits.clone() if has_last else None
