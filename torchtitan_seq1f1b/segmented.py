@@ -106,7 +106,8 @@ class SegmentedRun:
     def run(self, grad_out: torch.Tensor | None = None):
         """All forwards in order, then all backwards last to first; frees the store.
 
-        Returns (output, input gradients) for non-scalar outputs.
+        Returns (:meth:`output`, :meth:`grads`); ``fn``'s output must carry
+        the sequence on ``seq_dim``.
         """
         for segment in range(self.plan.num_segments):
             self.forward(segment)
