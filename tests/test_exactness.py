@@ -115,7 +115,7 @@ def _broken_pipeline(rank, world_size, case, broken):
             lambda self, start, end, gk, gv: (gk[:, start:end], gv[:, start:end])
         )
     else:
-        kv_store.KVStore.attach = lambda self, layer, unit, k, v: (k, v)
+        kv_store.KVStore.attach = lambda self, layer, k, v: (k, v)
     return pipelined_cases(rank, world_size, [case])[0]
 
 
