@@ -11,7 +11,6 @@ must reproduce the unsplit attention and its gradients.
 """
 
 import importlib.util
-import math
 import re
 from collections import defaultdict
 
@@ -22,13 +21,15 @@ from torch.utils.checkpoint import checkpoint
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, bind_attention, wrap_attention
 from torchtitan_seq1f1b.attention_backends import (
-    FlashVarlenBackend,
+    FlashAttnBackend,
     SDPABackend,
-    TorchVarlenBackend,
+    TorchFlashBackend,
     resolve_backend,
 )
 from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, _PrefixBuffers
 from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+from tests.kernel_fakes import naive_attention, stand_in_backend
 
 F64 = torch.float64
 EXACT = 1e-12  # relative tolerance for float64 comparisons
@@ -66,21 +67,6 @@ def randn(*shape, seed: int, dtype=F64, device="cpu") -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=F64).to(dtype=dtype, device=device)
 
 
-def naive_attention(q, k, v, scale):
-    """Bottom-right causal attention, (B, Lq, H, D) x (B, Lk, Hkv, D) -> (B, Lq, H, D)."""
-    _, q_len, n_heads, head_dim = q.shape
-    k_len, n_kv = k.shape[1], k.shape[2]
-    assert k_len >= q_len and n_heads % n_kv == 0
-    scale = 1 / math.sqrt(head_dim) if scale is None else scale
-    k = k.repeat_interleave(n_heads // n_kv, dim=2)
-    v = v.repeat_interleave(n_heads // n_kv, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    query_pos = torch.arange(q_len).unsqueeze(1) + (k_len - q_len)
-    masked = torch.arange(k_len).unsqueeze(0) > query_pos  # (Lq, Lk)
-    scores = scores.masked_fill(masked.to(scores.device), float("-inf"))
-    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), v)
-
-
 def output_and_grads(fn, inputs, grad_out):
     """fn(*leaves) and d(fn . grad_out)/d leaves, for fresh leaf copies of inputs."""
     leaves = [x.detach().clone().requires_grad_() for x in inputs]
@@ -89,108 +75,11 @@ def output_and_grads(fn, inputs, grad_out):
     return out.detach(), [leaf.grad for leaf in leaves]
 
 
-# ---- fake varlen kernels (documented contracts, plain torch) -------------------
-
-
-def _check_varlen_inputs(q, k, v, cu_q, cu_k, max_q, max_k):
-    assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "packed (total, heads, dim)"
-    assert k.shape == v.shape and q.shape[2] == k.shape[2]
-    assert q.shape[1] % k.shape[1] == 0
-    assert q.dtype == k.dtype == v.dtype and q.device == k.device == v.device
-    for cu, total, max_len in ((cu_q, q.shape[0], max_q), (cu_k, k.shape[0], max_k)):
-        assert cu.dtype == torch.int32 and cu.dim() == 1 and cu.device == q.device
-        assert cu[0].item() == 0 and cu[-1].item() == total
-        lengths = cu.diff()
-        assert (lengths >= 0).all()
-        assert type(max_len) is int and max_len == lengths.max().item()
-    assert cu_q.shape == cu_k.shape, "one (query, key) sequence pair per entry"
-
-
-def _varlen_reference(q, k, v, cu_q, cu_k, scale):
-    """Per-sequence bottom-right causal attention; GQA by grouping query heads."""
-    n_heads, n_kv = q.shape[1], k.shape[1]
-    group = n_heads // n_kv
-    outs = []
-    for i in range(cu_q.numel() - 1):
-        qs = q[cu_q[i] : cu_q[i + 1]]
-        ks, vs = k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]]
-        assert ks.shape[0] >= qs.shape[0]
-        heads = [
-            naive_attention(
-                qs[None, :, h : h + 1], ks[None, :, h // group : h // group + 1],
-                vs[None, :, h // group : h // group + 1], scale,
-            )[0]
-            for h in range(n_heads)
-        ]
-        outs.append(torch.cat(heads, dim=1))
-    return torch.cat(outs, dim=0)
-
-
-class _FakeVarlenKernel:
-    """Records each call and answers with the plain-torch varlen reference."""
-
-    def __init__(self):
-        self.calls = []
-
-    def _run(self, q, k, v, cu_q, cu_k, max_q, max_k, scale):
-        _check_varlen_inputs(q, k, v, cu_q, cu_k, max_q, max_k)
-        self.calls.append(dict(
-            q_shape=tuple(q.shape), k_shape=tuple(k.shape),
-            cu_q=cu_q.clone(), cu_k=cu_k.clone(),
-            max_q=max_q, max_k=max_k, scale=scale,
-        ))
-        return _varlen_reference(q, k, v, cu_q, cu_k, scale)
-
-
-class FakeFlashVarlen(_FakeVarlenKernel):
-    """``flash_attn.flash_attn_varlen_func`` (flash-attn 2 semantics) on CPU."""
-
-    def __call__(
-        self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-        softcap=0.0, alibi_slopes=None, deterministic=False,
-        return_attn_probs=False, block_table=None,
-    ):
-        assert causal is True, "Seq1F1B attention must pass causal=True"
-        assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
-        return self._run(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale
-        )
-
-
-class FakeTorchVarlen(_FakeVarlenKernel):
-    """``torch.nn.attention.varlen.varlen_attn`` on CPU; causal is window (-1, 0)."""
-
-    def __call__(
-        self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
-        return_aux=None, scale=None, window_size=(-1, -1), enable_gqa=False,
-        seqused_k=None, block_table=None, num_splits=None,
-    ):
-        assert window_size == (-1, 0), f"causal needs window_size=(-1, 0), got {window_size}"
-        assert enable_gqa == (query.shape[1] != key.shape[1]), "enable_gqa must match heads"
-        assert return_aux is None and seqused_k is None and block_table is None
-        return self._run(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale)
-
-
-class CPUFlashBackend(FlashVarlenBackend):
-    def supports(self, q):
-        return True
-
-
-class CPUTorchVarlenBackend(TorchVarlenBackend):
-    def supports(self, q):
-        return True
-
-
 def make_backend(name: str):
-    """(backend runnable on CPU float64, its fake kernel or None)."""
+    """(backend runnable on CPU float64, its stand-in kernel or None)."""
     if name == "sdpa":
         return SDPABackend(), None
-    if name == "flash":
-        fake = FakeFlashVarlen()
-        return CPUFlashBackend(kernel=fake), fake
-    fake = FakeTorchVarlen()
-    return CPUTorchVarlenBackend(kernel=fake), fake
+    return stand_in_backend(name)
 
 
 # (batch, q_len, k_len, n_heads, n_kv_heads, scale)
@@ -251,62 +140,6 @@ def test_naive_reference_is_bottom_right():
         visible = 5 + t + 1
         assert torch.allclose(weights[t, :visible], torch.full((visible,), 1 / visible, dtype=F64))
         assert (weights[t, visible:] == 0).all()
-
-
-# ---- 2. varlen adapters with fake kernels -------------------------------------
-
-
-@pytest.mark.parametrize("kind", ["flash", "varlen"])
-@pytest.mark.parametrize("batch,q_len,k_len,n_heads,n_kv,scale", BACKEND_CASES)
-def test_varlen_adapter_matches_sdpa(kind, batch, q_len, k_len, n_heads, n_kv, scale):
-    backend, fake = make_backend(kind)
-    inputs, grad_out = backend_inputs(batch, q_len, k_len, n_heads, n_kv, seed=10)
-    out, grads = output_and_grads(lambda q, k, v: backend(q, k, v, scale), inputs, grad_out)
-    ref, ref_grads = output_and_grads(
-        lambda q, k, v: SDPABackend()(q, k, v, scale), inputs, grad_out
-    )
-    assert out.shape == (batch, q_len, n_heads, 8)
-    assert_close(out, ref, f"2 {kind} adapter vs sdpa", what="out")
-    for name, g, rg in zip("qkv", grads, ref_grads):
-        assert_close(g, rg, f"2 {kind} adapter vs sdpa", what=f"d{name}")
-
-    (call,) = fake.calls
-    assert call["q_shape"] == (batch * q_len, n_heads, 8)
-    assert call["k_shape"] == (batch * k_len, n_kv, 8)
-    expected_cu_q = torch.tensor([i * q_len for i in range(batch + 1)], dtype=torch.int32)
-    expected_cu_k = torch.tensor([i * k_len for i in range(batch + 1)], dtype=torch.int32)
-    assert torch.equal(call["cu_q"], expected_cu_q)
-    assert torch.equal(call["cu_k"], expected_cu_k)
-    assert (call["max_q"], call["max_k"]) == (q_len, k_len)
-    assert call["scale"] == scale
-
-
-def test_fake_kernels_are_strict():
-    """The fakes reject contract violations, so passing through them means something."""
-    q, k, v = randn(6, 4, 8, seed=1), randn(6, 2, 8, seed=2), randn(6, 2, 8, seed=3)
-    cu = torch.tensor([0, 6], dtype=torch.int32)
-    with pytest.raises(AssertionError, match="causal"):
-        FakeFlashVarlen()(q, k, v, cu, cu, 6, 6, softmax_scale=None)
-    with pytest.raises(AssertionError, match="window_size"):
-        FakeTorchVarlen()(q, k, v, cu, cu, 6, 6, enable_gqa=True)
-    with pytest.raises(AssertionError, match="enable_gqa"):
-        FakeTorchVarlen()(q, k, v, cu, cu, 6, 6, window_size=(-1, 0))
-    with pytest.raises(AssertionError):  # int64 cu_seqlens
-        FakeFlashVarlen()(q, k, v, cu.long(), cu.long(), 6, 6, causal=True)
-    with pytest.raises(AssertionError):  # max_seqlen inconsistent with cu_seqlens
-        FakeFlashVarlen()(q, k, v, cu, cu, 5, 6, causal=True)
-    with pytest.raises(AssertionError):  # unpacked 4-D layout
-        FakeFlashVarlen()(q[None], k[None], v[None], cu, cu, 6, 6, causal=True)
-    # and the fake itself agrees with the naive reference on a two-sequence pack
-    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32)
-    cu_k = torch.tensor([0, 4, 10], dtype=torch.int32)
-    qq, kk, vv = randn(5, 4, 8, seed=4), randn(10, 2, 8, seed=5), randn(10, 2, 8, seed=6)
-    out = FakeFlashVarlen()(qq, kk, vv, cu_q, cu_k, 3, 6, softmax_scale=0.5, causal=True)
-    expected = torch.cat([
-        naive_attention(qq[None, :2], kk[None, :4], vv[None, :4], 0.5)[0],
-        naive_attention(qq[None, 2:], kk[None, 4:], vv[None, 4:], 0.5)[0],
-    ])
-    assert_close(out, expected, "2 fake kernel vs naive")
 
 
 # ---- 3. segmented vs unsplit through SegmentAwareAttention ---------------------
@@ -388,7 +221,7 @@ PLANS = {
 HEADS = {"mha": (4, 4), "gqa2": (4, 2), "gqa1": (4, 1)}
 
 
-@pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen"])
+@pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen", "cuda_exact"])
 @pytest.mark.parametrize("plan_name", list(PLANS))
 @pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("batch", [1, 2])
@@ -403,7 +236,10 @@ def test_segmented_matches_unsplit(kind, plan_name, heads, batch):
         # segment j's kernel call: its own queries against the whole prefix
         seg_calls = fake.calls[1 : 1 + plan.num_segments]
         for call, length, end in zip(seg_calls, plan.lengths, plan.ends):
-            assert (call["max_q"], call["max_k"]) == (length, end)
+            assert (call["q_len"], call["k_len"]) == (length, end)
+        if kind != "cuda_exact" or n_kv == n_heads:
+            # every segment read the K/V buffers themselves: no prefix copy
+            assert len({(c["k_storage"], c["v_storage"]) for c in seg_calls}) == 1
 
 
 class TwoLayers(nn.Module):
@@ -417,7 +253,7 @@ class TwoLayers(nn.Module):
         return self.attn_b(self.attn_a(q, k, v), k2, v2)
 
 
-@pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen"])
+@pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen", "cuda_exact"])
 def test_interleaved_microbatches_two_layers(kind):
     """1F1B-style interleaving of two microbatches through two attention layers
     sharing one store: K/V and banked gradients stay per (layer, microbatch)."""
@@ -656,24 +492,6 @@ def test_resolve_backend_names():
         SegmentAwareAttention("nope")
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("flash_attn") is not None, reason="flash_attn is installed"
-)
-def test_resolve_flash_without_flash_attn():
-    with pytest.raises(ValueError, match=r"attention_backend='flash'.*pip install") as info:
-        resolve_backend("flash")
-    assert "flash_attn" in str(info.value)
-
-
-@pytest.mark.parametrize("kind", ["flash", "varlen"])
-def test_forced_backend_that_cannot_run_raises(kind):
-    cls = FlashVarlenBackend if kind == "flash" else TorchVarlenBackend
-    attn = SegmentAwareAttention(cls(kernel=FakeFlashVarlen()))  # kernel never reached
-    (q, k, v), _ = attention_inputs(1, 4, 4, 6, seed=54)
-    with pytest.raises(ValueError, match=f"attention_backend='{kind}'"):
-        attn(q, k, v)
-
-
 class _Inner(nn.Module):
     def forward(self, q, k, v):
         raise AssertionError("should have been replaced")
@@ -718,13 +536,13 @@ def test_wrap_attention_by_name():
 
 _HAS_CUDA = torch.cuda.is_available()
 _HAS_FLASH = importlib.util.find_spec("flash_attn") is not None
-_HAS_TORCH_VARLEN = TorchVarlenBackend.installed()
+_HAS_SM80 = _HAS_CUDA and torch.cuda.get_device_capability() >= (8, 0)
 
 
 def _assert_bf16_close(actual, expected, what):
     """bf16 tolerance: 2e-2 of the reference's magnitude (gradients sum many terms)."""
     atol = 2e-2 * max(1.0, expected.abs().max().item())
-    torch.testing.assert_close(actual.float(), expected, rtol=2e-2, atol=atol, msg=what)
+    torch.testing.assert_close(actual.double(), expected, rtol=2e-2, atol=atol, msg=what)
 
 
 def _gpu_segmented_check(backend, device="cuda", dtype=torch.bfloat16):
@@ -742,11 +560,11 @@ def _gpu_segmented_check(backend, device="cuda", dtype=torch.bfloat16):
     bq = cast(randn(batch, 64, n_heads, head_dim, seed=61))
     bk = cast(randn(batch, 192, n_kv, head_dim, seed=62))
     bv = cast(randn(batch, 192, n_kv, head_dim, seed=63))
-    expected = SDPABackend()(bq.float(), bk.float(), bv.float(), None)
+    expected = naive_attention(bq.double(), bk.double(), bv.double(), None)
     _assert_bf16_close(backend(bq, bk, bv, None), expected, "kernel output")
 
     ref, ref_grads = output_and_grads(
-        SegmentAwareAttention("sdpa"), [x.float() for x in inputs], grad_out.float()
+        SegmentAwareAttention("sdpa"), [x.double() for x in inputs], grad_out.double()
     )
     out, grads = SegmentedRun(SegmentAwareAttention(backend), inputs, plan, KVStore(), 0).run(
         grad_out
@@ -758,14 +576,19 @@ def _gpu_segmented_check(backend, device="cuda", dtype=torch.bfloat16):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (_HAS_CUDA and _HAS_FLASH), reason="needs CUDA and flash_attn")
+@pytest.mark.skipif(not (_HAS_SM80 and _HAS_FLASH), reason="needs CUDA sm80+ and flash_attn")
 def test_gpu_flash_segmented_matches_sdpa():
-    _gpu_segmented_check(FlashVarlenBackend())
+    _gpu_segmented_check(FlashAttnBackend())
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(
-    not (_HAS_CUDA and _HAS_TORCH_VARLEN), reason="needs CUDA and torch.nn.attention.varlen"
-)
-def test_gpu_torch_varlen_segmented_matches_sdpa():
-    _gpu_segmented_check(TorchVarlenBackend())
+@pytest.mark.skipif(not _HAS_SM80, reason="needs CUDA sm80+")
+def test_gpu_torch_flash_segmented_matches_sdpa():
+    _gpu_segmented_check(TorchFlashBackend())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _HAS_CUDA, reason="needs CUDA")
+def test_gpu_mask_free_exact_segmented_matches_sdpa():
+    """The exact path on CUDA: memory-efficient kernel, bottom-right mask built in."""
+    _gpu_segmented_check(SDPABackend())

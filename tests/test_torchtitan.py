@@ -223,9 +223,20 @@ def test_other_schedules_still_go_to_torchtitan(run, unpipelined):
     )
 
 
-def test_bad_config_fails_on_every_rank_before_training(tmp_path):
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--seq1f1b.num_segments", "0"), "seq1f1b.num_segments=0 must be >= 1"),
+        # A kernel that cannot run on this device is found at start-up, not
+        # inside the first step on one rank.
+        (("--seq1f1b.attention_backend", "varlen"),
+         "seq1f1b.attention_backend='varlen' cannot run on cpu"),
+    ],
+)
+def test_bad_config_fails_on_every_rank_before_training(tmp_path, args, message):
     with pytest.raises(RunFailed) as failure:
-        torchrun(tmp_path, 2, *TEST_ARGS, "--seq1f1b.num_segments", "0", timeout=120)
+        torchrun(tmp_path, 2, *TEST_ARGS, *args, timeout=120)
     output = failure.value.output
-    assert output.count("seq1f1b.num_segments=0 must be >= 1") >= 2
+    assert output.count(message) >= 2
     assert "Training starts" not in output
+    assert "Connection closed by peer" not in output

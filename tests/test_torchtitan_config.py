@@ -59,7 +59,12 @@ def start(*args: str, tp: int = 1, cp: int = 1, pp: int = 2):
     "name,segments",
     [("llama3_8b_32k_seq1f1b", 4), ("llama3_8b_64k_seq1f1b", 8), ("llama3_70b_128k_seq1f1b", 8)],
 )
-def test_real_hardware_configs_pass_start_up_checks(name, segments):
+def test_real_hardware_configs_pass_start_up_checks(name, segments, monkeypatch):
+    """On the H100s (sm90, flash-attn installed) the configs are written for."""
+    from torchtitan_seq1f1b.attention_backends import FlashAttnBackend
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(FlashAttnBackend, "installed", classmethod(lambda cls: True))
     job_config, _, model_args, model = _job(REPO / "train_configs" / f"{name}.toml")
     parallelism = job_config.parallelism
     dims = ParallelDims(
@@ -70,7 +75,7 @@ def test_real_hardware_configs_pass_start_up_checks(name, segments):
         * parallelism.tensor_parallel_degree
         * parallelism.pipeline_parallel_degree,
     )
-    _check_job(job_config, dims, model_args)
+    _check_job(job_config, dims, model_args, torch.device("cuda", 0))
     entry = SCHEDULES[parallelism.pipeline_parallel_schedule]
     assert len(_module_names_per_stage(job_config, dims, model_args, entry)) == dims.pp
     plan = segment_plan_for(job_config, model, dims)
@@ -145,6 +150,15 @@ def test_seq1f1b_section_is_on_the_command_line():
         (("--parallelism.pipeline_parallel_schedule", "Seq1F1BZBV",
           "--parallelism.pipeline_parallel_layers_per_stage", "1"), {},
          "gives 8 stages, but Seq1F1BZBV needs exactly 2 stages per pipeline rank (4 stages)"),
+        (("--seq1f1b.attention_backend", "varlen"), {},
+         "seq1f1b.attention_backend='varlen' cannot run on cpu, float32, head_dim 16: it "
+         "needs a CUDA device (this runs on cpu)"),
+        (("--seq1f1b.attention_backend", "flash"), {},
+         "seq1f1b.attention_backend='flash' cannot run on cpu"),
+        (("--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble",
+          "--activation_checkpoint.mode", "selective",
+          "--activation_checkpoint.selective_ac_option", "op"), {},
+         "selective_ac_option='op' cannot run under Seq1F1BZeroBubble"),
     ],
 )
 def test_unsupported_jobs_are_rejected_with_the_option_named(args, kwargs, message):

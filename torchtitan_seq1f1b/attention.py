@@ -17,7 +17,12 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from torchtitan_seq1f1b.attention_backends import AttentionBackend, resolve_backend
+from torchtitan_seq1f1b.attention_backends import (
+    AttentionBackend,
+    KernelTarget,
+    raise_if_unmet,
+    resolve_backend,
+)
 from torchtitan_seq1f1b.kv_store import KVStore
 
 __all__ = ["SegmentAwareAttention", "bind_attention", "wrap_attention"]
@@ -56,12 +61,7 @@ class SegmentAwareAttention(nn.Module):
         Returns:
             (batch, n_heads, seq_len, head_dim)
         """
-        if not self.backend.supports(q):
-            raise ValueError(
-                f"attention_backend={self.backend.name!r} cannot run on "
-                f"{q.device.type} {q.dtype} tensors; use attention_backend='auto' "
-                "or 'sdpa'"
-            )
+        raise_if_unmet(self.backend, KernelTarget.of(q))
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
         store = self.kv_store
         if store is not None and store.running is not None:

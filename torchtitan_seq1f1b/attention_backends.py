@@ -6,34 +6,109 @@
 Every backend computes the same function: queries of a segment of ``Lq``
 tokens attend to ``Lk >= Lq`` keys whose last ``Lq`` positions are the
 segment itself, with the causal mask aligned bottom-right (query t sees keys
-``<= Lk - Lq + t``). Layouts are sequence-major, as varlen kernels take them:
+``<= Lk - Lq + t``). Layouts are sequence-major:
 
     q: (batch, Lq, n_heads, head_dim)
     k, v: (batch, Lk, n_kv_heads, head_dim), n_heads % n_kv_heads == 0
     returns (batch, Lq, n_heads, head_dim)
 
-The varlen adapters build one (query, key) sequence pair per batch row
-(``cu_seqlens``); packed documents would add pairs per document there.
+k and v are usually batch-strided views of the K/V store's buffers; every
+kernel here takes them as they are (no packing copy) and none saves an
+(Lq, Lk) mask for backward.
+
+Each backend also states what it needs to run (:meth:`unmet_requirements`),
+so ``"auto"`` never picks a kernel that cannot run and a forced backend fails
+at start-up naming what is missing.
 """
 
+import functools
 import importlib
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from torchtitan_seq1f1b._torch_compat import lower_right_causal_attention_cpu
+from torchtitan_seq1f1b.kernels.cpu_flash import lower_right_causal_attention_cpu
+from torchtitan_seq1f1b.kernels.cuda_flash import lower_right_causal_attention_flash
+from torchtitan_seq1f1b.kernels.cuda_mem_efficient import lower_right_causal_attention_cuda
 
 __all__ = [
     "ATTENTION_BACKENDS",
     "AttentionBackend",
-    "FlashVarlenBackend",
+    "FlashAttnBackend",
+    "KernelTarget",
     "SDPABackend",
-    "TorchVarlenBackend",
+    "TorchFlashBackend",
+    "check_backend",
+    "raise_if_unmet",
     "resolve_backend",
 ]
 
+logger = logging.getLogger(__name__)
+
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """Where attention runs: what a kernel's requirements are checked against."""
+
+    device: torch.device
+    dtype: torch.dtype
+    head_dim: int
+
+    @classmethod
+    def of(cls, q: torch.Tensor) -> "KernelTarget":
+        return cls(q.device, q.dtype, q.shape[-1])
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """CUDA compute capability (major, minor), None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        return tuple(torch.cuda.get_device_capability(self.device))
+
+    def __str__(self) -> str:
+        where = self.device.type
+        if self.capability is not None:
+            where += f" sm{self.capability[0]}{self.capability[1]}"
+        return f"{where}, {str(self.dtype).removeprefix('torch.')}, head_dim {self.head_dim}"
+
+
+def _flash_kernel_requirements(target: KernelTarget) -> list[str]:
+    """What FlashAttention 2 kernels (flash-attn's and torch's build) need."""
+    if target.device.type != "cuda":
+        return [f"a CUDA device (this runs on {target.device.type})"]
+    unmet = []
+    major, minor = target.capability
+    if (major, minor) < (8, 0):
+        unmet.append(f"compute capability >= 8.0 (Ampere or newer; found {major}.{minor})")
+    if target.dtype not in _HALF_DTYPES:
+        unmet.append(f"fp16 or bf16 activations (found {target.dtype})")
+    if target.head_dim > 256 or target.head_dim % 8:
+        # Other head dims are padded by the kernels' wrappers: a copy of the prefix.
+        unmet.append(f"head_dim a multiple of 8 and <= 256 (found {target.head_dim})")
+    return unmet
+
+
+def _mem_efficient_requirements(target: KernelTarget) -> list[str]:
+    """What torch's CUDA memory-efficient kernel needs (the mask-free exact path)."""
+    if target.device.type != "cuda":
+        return [f"a CUDA device (this runs on {target.device.type})"]
+    unmet = []
+    capability = target.capability
+    if capability < (5, 0):
+        unmet.append(f"compute capability >= 5.0 (found {capability[0]}.{capability[1]})")
+    if target.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        unmet.append(f"fp16, bf16 or fp32 activations (found {target.dtype})")
+    elif target.dtype == torch.bfloat16 and capability < (8, 0):
+        unmet.append("compute capability >= 8.0 for bf16")
+    alignment = 4 if target.dtype == torch.float32 else 8
+    if target.head_dim % alignment:
+        unmet.append(f"head_dim a multiple of {alignment} (found {target.head_dim})")
+    return unmet
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
@@ -48,9 +123,13 @@ class AttentionBackend:
 
     name: str
 
-    def supports(self, q: torch.Tensor) -> bool:
-        """Whether this backend can run on ``q``'s device and dtype."""
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        """What this backend needs and ``target`` lacks; empty if it can run."""
         raise NotImplementedError
+
+    def supports(self, q: torch.Tensor) -> bool:
+        """Whether this backend can run on ``q``'s device, dtype and head_dim."""
+        return not self.unmet_requirements(KernelTarget.of(q))
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
@@ -59,56 +138,54 @@ class AttentionBackend:
 
 
 class SDPABackend(AttentionBackend):
-    """Exact PyTorch path (any device and dtype, float64 included)."""
+    """The exact path: any device and dtype, float64 included.
+
+    CPU: torch's CPU flash kernel with the mask rebuilt in backward. CUDA:
+    the memory-efficient kernel with its built-in bottom-right mask where it
+    runs (not float64), else SDPA with a dense bool mask. Equal lengths (the
+    first segment, unsplit training) take SDPA's own causal path.
+    """
 
     name = "sdpa"
 
-    def supports(self, q: torch.Tensor) -> bool:
-        return True
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        return []
 
     def __call__(self, q, k, v, scale):
         _check_heads(q, k)
         q_len, k_len = q.shape[1], k.shape[1]
+        if q.is_cuda and not _mem_efficient_requirements(KernelTarget.of(q)):
+            return lower_right_causal_attention_cuda(q, k, v, scale)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        gqa = q.shape[1] != k.shape[1]
         # SDPA's is_causal is top-left aligned when lengths differ: only safe
-        # for q_len == k_len. Otherwise a lower-right mask gives the segment its
-        # whole prefix. On CPU the mask is rebuilt in backward rather than
-        # saved (it would cost as much memory as the K prefix). Elsewhere it is
-        # a plain bool tensor, not torch's CausalBias: that tensor subclass
-        # cannot be created under selective activation checkpointing's
-        # dispatch mode.
+        # for q_len == k_len.
         if q_len == k_len:
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-            )
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         elif q.device.type == "cpu":
             out = lower_right_causal_attention_cpu(q, k, v, scale)
         else:
+            # A plain bool tensor, not torch's CausalBias: that tensor subclass
+            # cannot be created under selective activation checkpointing.
             mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(
                 k_len - q_len
             )
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa
             )
         return out.transpose(1, 2)
 
 
-def _packed(x: torch.Tensor) -> torch.Tensor:
-    """(batch, L, heads, head_dim) -> (batch * L, heads, head_dim); free when batch == 1."""
-    return x.reshape(x.shape[0] * x.shape[1], x.shape[2], x.shape[3])
+class FlashAttnBackend(AttentionBackend):
+    """FlashAttention 2's ``flash_attn_func`` (the ``flash`` extra).
 
+    flash-attn >= 2.1 aligns ``causal=True`` bottom-right when the query and
+    key lengths differ, runs GQA natively and takes batch-strided inputs, so
+    the prefix views go in as they are.
+    """
 
-def _cu_seqlens(batch: int, seq_len: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(
-        0, (batch + 1) * seq_len, seq_len, dtype=torch.int32, device=device
-    )
-
-
-class _VarlenBackend(AttentionBackend):
-    """Shared packing for kernels that take (total_tokens, heads, head_dim) inputs."""
-
-    module: str
-    function: str
+    name = "flash"
+    module, function = "flash_attn", "flash_attn_func"
 
     def __init__(self, kernel: Callable | None = None):
         self._kernel = kernel
@@ -126,96 +203,72 @@ class _VarlenBackend(AttentionBackend):
         except ImportError:
             return False
 
-    def supports(self, q: torch.Tensor) -> bool:
-        return q.is_cuda and q.dtype in _HALF_DTYPES
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        unmet = _flash_kernel_requirements(target)
+        if not unmet and self._kernel is None and not self.installed():
+            unmet.append("flash-attn 2 installed (pip install 'torchtitan-seq1f1b[flash]')")
+        return unmet
 
     def __call__(self, q, k, v, scale):
         _check_heads(q, k)
-        batch, q_len, n_heads, head_dim = q.shape
-        k_len = k.shape[1]
-        out = self._call_kernel(
-            _packed(q),
-            _packed(k),
-            _packed(v),
-            _cu_seqlens(batch, q_len, q.device),
-            _cu_seqlens(batch, k_len, q.device),
-            q_len,
-            k_len,
-            scale,
-        )
-        return out.view(batch, q_len, n_heads, head_dim)
-
-    def _call_kernel(self, q, k, v, cu_q, cu_k, max_q, max_k, scale):
-        raise NotImplementedError
+        return self.kernel(q, k, v, dropout_p=0.0, softmax_scale=scale, causal=True)
 
 
-class FlashVarlenBackend(_VarlenBackend):
-    """FlashAttention 2 ``flash_attn_varlen_func`` (CUDA, fp16/bf16).
-
-    flash-attn >= 2.1 aligns ``causal=True`` bottom-right when the query and
-    key lengths differ, and runs GQA natively.
-    """
-
-    name = "flash"
-    module = "flash_attn"
-    function = "flash_attn_varlen_func"
-
-    def _call_kernel(self, q, k, v, cu_q, cu_k, max_q, max_k, scale):
-        return self.kernel(
-            q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True
-        )
-
-
-class TorchVarlenBackend(_VarlenBackend):
-    """torch ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16).
-
-    Causality is the window (-1, 0), which like flash-attn is aligned
-    bottom-right.
-    """
+class TorchFlashBackend(AttentionBackend):
+    """torch's own FlashAttention 2 kernel (the one behind ``varlen_attn``)."""
 
     name = "varlen"
-    module = "torch.nn.attention.varlen"
-    function = "varlen_attn"
 
-    def _call_kernel(self, q, k, v, cu_q, cu_k, max_q, max_k, scale):
-        return self.kernel(
-            q,
-            k,
-            v,
-            cu_q,
-            cu_k,
-            max_q,
-            max_k,
-            scale=scale,
-            window_size=(-1, 0),
-            enable_gqa=q.shape[1] != k.shape[1],
-        )
+    def __init__(self, kernel: Callable = lower_right_causal_attention_flash):
+        self.kernel = kernel
+
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        unmet = _flash_kernel_requirements(target)
+        if target.capability in ((8, 6), (8, 9)) and target.head_dim > 192:
+            unmet.append("head_dim <= 192 on sm86/sm89 (torch's flash backward)")
+        return unmet
+
+    def __call__(self, q, k, v, scale):
+        _check_heads(q, k)
+        return self.kernel(q, k, v, scale)
 
 
 ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {
-    "flash": FlashVarlenBackend,
-    "varlen": TorchVarlenBackend,
+    "flash": FlashAttnBackend,
+    "varlen": TorchFlashBackend,
     "sdpa": SDPABackend,
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _auto_choice(target: KernelTarget) -> AttentionBackend:
+    """The first backend, in ATTENTION_BACKENDS order, that runs on ``target``.
+
+    Chosen once per target and process, and logged once with what ruled out
+    each faster kernel.
+    """
+    skipped = []
+    for cls in ATTENTION_BACKENDS.values():
+        backend = cls()
+        unmet = backend.unmet_requirements(target)
+        if not unmet:
+            because = f" ({'; '.join(skipped)})" if skipped else ""
+            logger.info(f"attention_backend='auto' uses {backend.name!r} on {target}{because}")
+            return backend
+        skipped.append(f"{backend.name!r} needs {', '.join(unmet)}")
+    raise AssertionError("the exact backend runs everywhere")
+
+
 class _AutoBackend(AttentionBackend):
-    """The first backend, in ATTENTION_BACKENDS order, that runs on the input."""
+    """The fastest backend that can run the input (see :func:`_auto_choice`)."""
 
     name = "auto"
 
-    def __init__(self):
-        self._backends = [SDPABackend()]
-        for cls in (TorchVarlenBackend, FlashVarlenBackend):
-            if cls.installed():
-                self._backends.insert(0, cls())
-
-    def supports(self, q: torch.Tensor) -> bool:
-        return True
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        return []
 
     def __call__(self, q, k, v, scale):
-        backend = next(b for b in self._backends if b.supports(q))
-        return backend(q, k, v, scale)
+        return _auto_choice(KernelTarget.of(q))(q, k, v, scale)
 
 
 def resolve_backend(name: str) -> AttentionBackend:
@@ -227,15 +280,24 @@ def resolve_backend(name: str) -> AttentionBackend:
             f"attention_backend={name!r} is unknown; choose one of "
             f"{['auto', *ATTENTION_BACKENDS]}"
         )
-    cls = ATTENTION_BACKENDS[name]
-    if issubclass(cls, _VarlenBackend) and not cls.installed():
-        hint = (
-            "pip install 'torchtitan-seq1f1b[flash]'"
-            if name == "flash"
-            else "use a torch build that ships torch.nn.attention.varlen"
-        )
+    return ATTENTION_BACKENDS[name]()
+
+
+def check_backend(name: str, target: KernelTarget) -> AttentionBackend:
+    """The backend ``attention_backend=name`` selects on ``target``; raises a
+    ValueError naming what is missing when a forced backend cannot run there."""
+    backend = resolve_backend(name)
+    if isinstance(backend, _AutoBackend):
+        return _auto_choice(target)
+    raise_if_unmet(backend, target)
+    return backend
+
+
+def raise_if_unmet(backend: AttentionBackend, target: KernelTarget) -> None:
+    unmet = backend.unmet_requirements(target)
+    if unmet:
         raise ValueError(
-            f"attention_backend={name!r} needs {cls.module}.{cls.function}, which "
-            f"is not installed ({hint}), or use attention_backend='auto'"
+            f"attention_backend={backend.name!r} cannot run on {target}: it needs "
+            f"{'; '.join(unmet)}. Use attention_backend='auto' (picks the fastest "
+            "kernel that runs, down to the exact path) or 'sdpa' (exact, runs anywhere)"
         )
-    return cls()

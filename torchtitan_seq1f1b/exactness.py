@@ -20,8 +20,10 @@ from torchtitan_seq1f1b import (
     ScheduleSeq1F1B,
     ScheduleSeq1F1BZBV,
     ScheduleSeq1F1BZeroBubble,
+    SegmentAwareAttention,
     SegmentPlan,
 )
+from torchtitan_seq1f1b.attention_backends import AttentionBackend
 from torchtitan_seq1f1b.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     TinyTransformer,
@@ -108,12 +110,17 @@ def reference(case: Case) -> dict:
 
 
 def pipelined(
-    rank: int, world_size: int, case: Case, loss_normalizer: float | None = None
+    rank: int,
+    world_size: int,
+    case: Case,
+    loss_normalizer: float | None = None,
+    attention_backend: AttentionBackend | None = None,
 ) -> dict:
     """One training step and one eval() of ``case.schedule`` on this rank's stages.
 
     Stages ``rank + c * world_size`` for each chunk c (loop placement), or
-    ``rank`` and ``2 * world_size - 1 - rank`` for the V of Seq1F1BZBV.
+    ``rank`` and ``2 * world_size - 1 - rank`` for the V of Seq1F1BZBV. Every
+    attention layer runs ``attention_backend`` if given (the exact one otherwise).
     """
     device = case.rank_device(rank)
     model = case.model(device)
@@ -123,6 +130,11 @@ def pipelined(
     else:
         indices = [rank + c * world_size for c in range(case.stages_per_rank)]
     parts = [model.stage(i, num_stages) for i in indices]
+    if attention_backend is not None:
+        for part in parts:
+            for module in part.modules():
+                if isinstance(module, SegmentAwareAttention):
+                    module.backend = attention_backend
     stages = [
         PipelineStage(part, i, num_stages, device)
         for part, i in zip(parts, indices)

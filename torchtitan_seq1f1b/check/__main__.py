@@ -23,7 +23,7 @@ from torchtitan_seq1f1b.check.stack import stack_results
 CHECKS = {
     "kernels": (
         kernel_results,
-        "every installed attention kernel (flash-attn, torch varlen, SDPA) on a segment "
+        "every attention backend that runs here (flash-attn, torch's flash kernel, the exact path) on a segment "
         "with a prefix, bf16, GQA, head dims 64 and 128, forward and backward, against "
         "exact float64 attention",
     ),

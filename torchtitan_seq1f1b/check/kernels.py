@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from torchtitan_seq1f1b.attention_backends import resolve_backend
+from torchtitan_seq1f1b.attention_backends import KernelTarget, resolve_backend
 from torchtitan_seq1f1b.check import relative_error, Result
 
 __all__ = ["kernel_results", "reference_attention"]
@@ -91,18 +91,13 @@ def _worst_error(backend, head_dim, dtype, device) -> tuple[float, str]:
 def check_kernel(name: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> Result:
     """One backend in one dtype and head dim, over batch 1 and 2, with and without prefix."""
     row = f"kernel {name} {str(dtype).removeprefix('torch.')} d{head_dim}"
-    try:
-        backend = resolve_backend(name)
-    except ValueError as error:  # not installed
-        return Result(row, "skip", reason=str(error).split(" (")[0])
+    backend = resolve_backend(name)
     probe = torch.empty(1, 1, N_HEADS, head_dim, dtype=dtype, device=device)
     if not backend.supports(probe):
-        needs = "needs CUDA" if device.type != "cuda" else f"cannot run {dtype}"
-        return Result(row, "skip", reason=needs)
+        unmet = backend.unmet_requirements(KernelTarget.of(probe))
+        return Result(row, "skip", reason="needs " + "; ".join(unmet))
     try:
         error, where = _worst_error(backend, head_dim, dtype, device)
-    except ValueError as refusal:  # the backend's stated requirement (GPU, head_dim)
-        return Result(row, "skip", reason=str(refusal))
     except Exception as crash:  # noqa: BLE001 - reported as a failed row
         return Result(row, "fail", reason=f"{type(crash).__name__}: {crash}")
     return Result.bounded(row, error, BOUNDS[dtype], worst=where)

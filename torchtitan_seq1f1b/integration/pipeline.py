@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from torchtitan.components.loss import LossFunction
-from torchtitan.config import JobConfig
+from torchtitan.config import JobConfig, TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.pipeline_parallel import (
     generate_llm_fqn_per_model_part,
@@ -33,6 +33,7 @@ from torchtitan.protocols.train_spec import BaseModelArgs, ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.attention_backends import check_backend, KernelTarget
 from torchtitan_seq1f1b.schedule import (
     ScheduleInterleavedSeq1F1B,
     ScheduleSeq1F1B,
@@ -64,6 +65,10 @@ SCHEDULES = {
 }
 
 
+# Schedules whose backward runs as an input-gradient and a weight-gradient step.
+SPLIT_BACKWARD_SCHEDULES = ("Seq1F1BZeroBubble", "Seq1F1BZBV")
+
+
 class Seq1F1BConfigError(ValueError):
     """A job config Seq1F1B cannot run, found before any collective."""
 
@@ -88,7 +93,7 @@ def pipeline_llm_seq1f1b(
 
     # Every check below depends on the config only, so all ranks raise alike
     # before the first pipeline message.
-    _check_job(job_config, parallel_dims, model_args)
+    _check_job(job_config, parallel_dims, model_args, device)
     module_names = _module_names_per_stage(job_config, parallel_dims, model_args, entry)
     plan = segment_plan_for(job_config, model, parallel_dims)
     backend = job_config.seq1f1b.attention_backend
@@ -179,12 +184,46 @@ def _is_llama_inner_attention(name: str, module: nn.Module) -> bool:
     )
 
 
+def _attention_target(
+    job_config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs, device
+) -> KernelTarget:
+    """Device, dtype and head_dim the attention kernels will see in this job."""
+    # torchtitan casts to mixed_precision_param only through FSDP when
+    # pipelining (maybe_enable_amp); otherwise parameters stay float32.
+    dtype = (
+        TORCH_DTYPE_MAP[job_config.training.mixed_precision_param]
+        if parallel_dims.fsdp_enabled
+        else torch.float32
+    )
+    return KernelTarget(torch.device(device), dtype, model_args.dim // model_args.n_heads)
+
+
 def _check_job(
-    job_config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs
+    job_config: JobConfig,
+    parallel_dims: ParallelDims,
+    model_args: BaseModelArgs,
+    device: torch.device,
 ) -> None:
     parallelism = job_config.parallelism
     options = job_config.seq1f1b
     problems = []
+    try:
+        check_backend(
+            options.attention_backend,
+            _attention_target(job_config, parallel_dims, model_args, device),
+        )
+    except ValueError as error:
+        problems.append(f"seq1f1b.{error}")
+    ac = job_config.activation_checkpoint
+    split_backward = parallelism.pipeline_parallel_schedule in SPLIT_BACKWARD_SCHEDULES
+    if split_backward and ac.mode == "selective" and ac.selective_ac_option == "op":
+        problems.append(
+            f"activation_checkpoint.mode='selective' with selective_ac_option='op' "
+            f"cannot run under {parallelism.pipeline_parallel_schedule}: torch's "
+            "op-level checkpointing allows one backward per region, and split "
+            "backwards run two (input, then weight gradients); use mode='full', or "
+            "selective_ac_option as a layer count (e.g. '2'), or the Seq1F1B schedule"
+        )
     if parallel_dims.cp > 1:
         problems.append(
             f"parallelism.context_parallel_degree={parallel_dims.cp}: Seq1F1B already "

@@ -1,0 +1,186 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""CPU stand-ins for the GPU attention kernels, written from their documented
+contracts in plain torch, and a naive reference they answer with.
+
+Each stand-in asserts the contract its kernel documents (layouts, head
+counts, contiguity, flags), records what it was called with, and computes
+bottom-right causal attention naively, so code that passes through a
+stand-in both calls the kernel the way it must and gets exact answers.
+"""
+
+import functools
+import math
+
+import torch
+
+from torchtitan_seq1f1b.attention_backends import (
+    AttentionBackend,
+    FlashAttnBackend,
+    KernelTarget,
+    TorchFlashBackend,
+)
+from torchtitan_seq1f1b.kernels.cuda_flash import lower_right_causal_attention_flash
+from torchtitan_seq1f1b.kernels.cuda_mem_efficient import lower_right_causal_attention_cuda
+
+__all__ = [
+    "FakeEfficientAttentionOps",
+    "FakeFlashAttnFunc",
+    "FakeTorchFlashOps",
+    "naive_attention",
+    "stand_in_backend",
+]
+
+
+def naive_attention(q, k, v, scale):
+    """Bottom-right causal attention, (B, Lq, H, D) x (B, Lk, Hkv, D) -> (B, Lq, H, D)."""
+    _, q_len, n_heads, head_dim = q.shape
+    k_len, n_kv = k.shape[1], k.shape[2]
+    assert k_len >= q_len and n_heads % n_kv == 0
+    scale = 1 / math.sqrt(head_dim) if scale is None else scale
+    k = k.repeat_interleave(n_heads // n_kv, dim=2)
+    v = v.repeat_interleave(n_heads // n_kv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    query_pos = torch.arange(q_len).unsqueeze(1) + (k_len - q_len)
+    masked = torch.arange(k_len).unsqueeze(0) > query_pos  # (Lq, Lk)
+    scores = scores.masked_fill(masked.to(scores.device), float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), v)
+
+
+def _naive_logsumexp(q, k, scale):
+    """(B, Lq, H, D) x (B, Lk, H, D) -> (B, H, Lq), bottom-right causal."""
+    q_len, k_len = q.shape[1], k.shape[1]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    masked = torch.arange(k_len)[None] > torch.arange(q_len)[:, None] + (k_len - q_len)
+    return scores.masked_fill(masked, float("-inf")).logsumexp(-1)
+
+
+def _check_dense(q, k, v, seq_dim: int) -> None:
+    """Shared contract of the dense kernels: 4-D, one batch, GQA-divisible
+    heads, same dtype, last dim contiguous."""
+    head_dim_of = [x.dim() == 4 and x.stride(-1) == 1 for x in (q, k, v)]
+    assert all(head_dim_of), "4-D inputs with a contiguous last dim"
+    heads_dim = 3 - seq_dim
+    assert q.shape[0] == k.shape[0] == v.shape[0] and k.shape == v.shape
+    assert q.shape[-1] == k.shape[-1]
+    assert q.shape[heads_dim] % k.shape[heads_dim] == 0
+    assert q.dtype == k.dtype == v.dtype
+    assert k.shape[seq_dim] >= q.shape[seq_dim]
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def record(self, q, k, v, seq_dim: int, **extra) -> None:
+        self.calls.append(
+            dict(
+                q_len=q.shape[seq_dim],
+                k_len=k.shape[seq_dim],
+                k_storage=k.untyped_storage().data_ptr(),
+                v_storage=v.untyped_storage().data_ptr(),
+                **extra,
+            )
+        )
+
+
+class FakeFlashAttnFunc(_Recorder):
+    """``flash_attn.flash_attn_func`` (flash-attn 2): (B, L, H, D), any batch
+    stride, causal bottom-right when Lq < Lk, GQA native."""
+
+    def __call__(
+        self, q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+        window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+        return_attn_probs=False,
+    ):
+        assert causal is True, "Seq1F1B attention must pass causal=True"
+        assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
+        _check_dense(q, k, v, seq_dim=1)
+        self.record(q, k, v, seq_dim=1, scale=softmax_scale)
+        return naive_attention(q, k, v, softmax_scale)
+
+
+class FakeTorchFlashOps(_Recorder):
+    """``torch.ops.aten._scaled_dot_product_flash_attention``: (B, H, L, D),
+    ``is_causal`` bottom-right when Lq < Lk, GQA native, autograd built in."""
+
+    def _scaled_dot_product_flash_attention(
+        self, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+        *, scale=None,
+    ):
+        assert is_causal is True and dropout_p == 0.0 and not return_debug_mask
+        _check_dense(query, key, value, seq_dim=2)
+        self.record(query, key, value, seq_dim=2, scale=scale)
+        out = naive_attention(*(x.transpose(1, 2) for x in (query, key, value)), scale)
+        return (out.transpose(1, 2),)
+
+
+class FakeEfficientAttentionOps(_Recorder):
+    """``torch.ops.aten._efficient_attention_forward`` / ``_backward``:
+    (B, L, H, D) with equal head counts, ``custom_mask_type`` 2 = causal from
+    the bottom right; the caller owns autograd."""
+
+    def _efficient_attention_forward(
+        self, query, key, value, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        max_seqlen_k, dropout_p, custom_mask_type, compute_log_sumexp=False, *,
+        scale=None, seqlen_k=None, window_size=None,
+    ):
+        assert bias is None and cu_seqlens_q is None and cu_seqlens_k is None
+        assert max_seqlen_q is None and max_seqlen_k is None and dropout_p == 0.0
+        assert custom_mask_type == 2, "bottom-right causal is custom_mask_type 2"
+        _check_dense(query, key, value, seq_dim=1)
+        assert query.shape[2] == key.shape[2], "equal head counts"
+        self.record(query, key, value, seq_dim=1, scale=scale)
+        scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+        out = naive_attention(query, key, value, scale)
+        lse = _naive_logsumexp(query, key, scale) if compute_log_sumexp else None
+        seed = offset = torch.zeros((), dtype=torch.int64)
+        return out, lse, seed, offset, query.shape[1], key.shape[1]
+
+    def _efficient_attention_backward(
+        self, grad_out, query, key, value, bias, out, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed, philox_offset,
+        custom_mask_type, bias_requires_grad, *, scale=None, num_splits_key=None,
+        window_size=None, shared_storage_dqdkdv=False,
+    ):
+        assert custom_mask_type == 2 and not bias_requires_grad and dropout_p == 0.0
+        assert query.shape[2] == key.shape[2], "equal head counts"
+        assert (max_seqlen_q, max_seqlen_k) == (query.shape[1], key.shape[1])
+        scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (query, key, value)]
+            recomputed = naive_attention(*leaves, scale)
+            torch.testing.assert_close(recomputed.detach(), out, msg="saved output")
+            torch.testing.assert_close(_naive_logsumexp(query, key, scale), logsumexp)
+            grads = torch.autograd.grad(recomputed, leaves, grad_out)
+        return (*grads, None)
+
+
+class _StandIn(AttentionBackend):
+    """A GPU backend run on CPU through stand-ins: its device checks are skipped."""
+
+    def __init__(self, name: str, call):
+        self.name, self._call = name, call
+
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        return []
+
+    def __call__(self, q, k, v, scale):
+        return self._call(q, k, v, scale)
+
+
+def stand_in_backend(kind: str) -> tuple[AttentionBackend, _Recorder]:
+    """A backend for ``kind`` ("flash", "varlen" or "cuda_exact") that runs the
+    adapter code on CPU through the kernel's stand-in: (backend, stand-in)."""
+    if kind == "flash":
+        fake = FakeFlashAttnFunc()
+        return _StandIn("flash", FlashAttnBackend(kernel=fake)), fake
+    if kind == "varlen":
+        fake = FakeTorchFlashOps()
+        kernel = functools.partial(lower_right_causal_attention_flash, ops=fake)
+        return _StandIn("varlen", TorchFlashBackend(kernel)), fake
+    if kind == "cuda_exact":
+        fake = FakeEfficientAttentionOps()
+        return _StandIn("cuda_exact", functools.partial(lower_right_causal_attention_cuda, ops=fake)), fake
+    raise ValueError(f"no stand-in for {kind!r}")

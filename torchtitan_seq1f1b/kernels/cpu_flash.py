@@ -1,0 +1,59 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torch's CPU flash attention kernel with a bottom-right causal mask."""
+
+import torch
+
+__all__ = ["lower_right_causal_attention_cpu"]
+
+
+def _lower_right_causal_mask(q_len: int, k_len: int, like: torch.Tensor) -> torch.Tensor:
+    """Additive (q_len, k_len) mask: query t sees keys up to ``k_len - q_len + t``."""
+    visible = torch.ones(q_len, k_len, dtype=torch.bool, device=like.device).tril(k_len - q_len)
+    return torch.zeros(q_len, k_len, dtype=like.dtype, device=like.device).masked_fill(
+        ~visible, float("-inf")
+    )
+
+
+class _LowerRightCausalAttentionCPU(torch.autograd.Function):
+    """torch's CPU flash attention kernel with a mask rebuilt in backward.
+
+    Called with a mask, ``F.scaled_dot_product_attention`` saves it for
+    backward as a float (q_len, k_len) tensor: per segment and layer as many
+    bytes as the K prefix itself, for a mask that is a pure function of the
+    two lengths. Here only q, k, v, the output and the logsumexp are saved.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        mask = _lower_right_causal_mask(q.shape[2], k.shape[2], q)
+        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, logsumexp)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, logsumexp = ctx.saved_tensors
+        mask = _lower_right_causal_mask(q.shape[2], k.shape[2], q)
+        grad_q, grad_k, grad_v = (
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask, scale=ctx.scale
+            )
+        )
+        return grad_q, grad_k, grad_v, None
+
+
+def lower_right_causal_attention_cpu(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """Causal attention of q_len queries ending a k_len-token prefix, on CPU.
+
+    q: (batch, heads, q_len, head_dim); k, v: (batch, kv_heads, k_len,
+    head_dim), kv_heads dividing heads (GQA). Returns (batch, heads, q_len,
+    head_dim), equal to SDPA with a lower-right causal mask.
+    """
+    return _LowerRightCausalAttentionCPU.apply(q, k, v, scale)

@@ -1,0 +1,36 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torch's CUDA flash attention kernel (FlashAttention 2), dense, bottom-right causal.
+
+This is the kernel behind ``torch.nn.attention.varlen.varlen_attn``. Called
+dense, on (batch, heads, length, head_dim) tensors whose last dim is
+contiguous, it takes a K/V prefix that is a batch-strided slice of the
+per-microbatch buffers as it is: no packing copy at any microbatch size.
+With ``is_causal`` and fewer queries than keys the mask is aligned
+bottom-right (FlashAttention 2 semantics, on which torch's own ``CausalBias``
+lower-right dispatch relies). GQA is native. The op has an autograd formula
+that saves q, k, v, the output and the logsumexp.
+"""
+
+import torch
+
+__all__ = ["lower_right_causal_attention_flash"]
+
+
+def lower_right_causal_attention_flash(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, ops=torch.ops.aten
+) -> torch.Tensor:
+    """q: (batch, q_len, heads, head_dim); k, v: (batch, k_len, kv_heads,
+    head_dim). Returns (batch, q_len, heads, head_dim). ``ops`` lets tests
+    stand in for the CUDA-only op on CPU."""
+    out = ops._scaled_dot_product_flash_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        0.0,  # dropout_p
+        True,  # is_causal: bottom-right when q_len < k_len
+        False,  # return_debug_mask
+        scale=scale,
+    )[0]
+    return out.transpose(1, 2)
