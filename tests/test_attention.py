@@ -576,13 +576,16 @@ def _gpu_segmented_check(backend, device="cuda", dtype=torch.bfloat16):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (_HAS_SM80 and _HAS_FLASH), reason="needs CUDA sm80+ and flash_attn")
+@pytest.mark.skipif(not _HAS_CUDA, reason="needs CUDA")
+@pytest.mark.skipif(_HAS_CUDA and not _HAS_SM80, reason="hardware: FlashAttention 2 needs sm80+")
+@pytest.mark.skipif(not _HAS_FLASH, reason="needs flash_attn (pip install '.[flash]')")
 def test_gpu_flash_segmented_matches_sdpa():
     _gpu_segmented_check(FlashAttnBackend())
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _HAS_SM80, reason="needs CUDA sm80+")
+@pytest.mark.skipif(not _HAS_CUDA, reason="needs CUDA")
+@pytest.mark.skipif(_HAS_CUDA and not _HAS_SM80, reason="hardware: FlashAttention 2 needs sm80+")
 def test_gpu_torch_flash_segmented_matches_sdpa():
     _gpu_segmented_check(TorchFlashBackend())
 

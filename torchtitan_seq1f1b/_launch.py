@@ -1,7 +1,8 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Run a function on several local gloo ranks (CPU), for tests and the benchmark."""
+"""Run a function on several local ranks: gloo on CPU (tests, benchmark), or
+NCCL with one GPU per rank (``python -m torchtitan_seq1f1b.check``)."""
 
 import multiprocessing
 import os
@@ -23,13 +24,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(worker, rank, world_size, port, results, args):
+def _entry(worker, rank, world_size, port, results, backend, args):
     # One intra-op thread per rank: ranks share the machine's cores.
     torch.set_num_threads(1)
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
@@ -52,9 +55,12 @@ class RankFailure(RuntimeError):
         super().__init__("\n".join(f"[rank {r}] {e}" for r, e in sorted(errors.items())))
 
 
-def run_ranks(worker: Callable, world_size: int, *args, timeout: float = 300) -> list:
-    """Run ``worker(rank, world_size, *args)`` on ``world_size`` gloo ranks.
+def run_ranks(
+    worker: Callable, world_size: int, *args, timeout: float = 300, backend: str = "gloo"
+) -> list:
+    """Run ``worker(rank, world_size, *args)`` on ``world_size`` local ranks.
 
+    ``backend`` is "gloo" or "nccl" (rank r then runs on GPU r).
     ``worker`` must be importable (spawned processes re-import it). Returns
     each rank's result; raises RankFailure if any rank raised and
     TimeoutError (after killing every rank) if they do not all finish.
@@ -63,7 +69,7 @@ def run_ranks(worker: Callable, world_size: int, *args, timeout: float = 300) ->
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_entry, args=(worker, rank, world_size, port, results, args))
+        ctx.Process(target=_entry, args=(worker, rank, world_size, port, results, backend, args))
         for rank in range(world_size)
     ]
     for proc in procs:

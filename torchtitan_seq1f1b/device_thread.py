@@ -10,7 +10,8 @@ thread-locals. On CPU the engine runs on the calling thread, so a CPU test
 would pass where a GPU run fails. Routing ``torch.autograd.backward`` and
 ``torch.autograd.grad`` (which ``Tensor.backward`` and torch's pipeline
 stages call) through a new thread that the caller joins reproduces what CUDA
-does, including the caller blocking while backward runs.
+does, including the caller blocking while backward runs. The tests and
+``python -m torchtitan_seq1f1b.check --device cpu`` use it.
 """
 
 import contextlib
@@ -66,7 +67,7 @@ def backward_on_fresh_thread(enabled: bool = True) -> Iterator[None]:
 
 
 if __name__ == "__main__":
-    # ``python -m tests.device_thread MODULE ARGS...``: run MODULE as __main__
+    # ``python -m torchtitan_seq1f1b.device_thread MODULE ARGS...``: run MODULE as __main__
     # (e.g. torchtitan.train under torchrun) with every backward on a fresh thread.
     import sys
 

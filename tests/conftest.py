@@ -1,0 +1,27 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""On a machine with CUDA, a ``gpu``-marked test that skips fails instead.
+
+The GPU tests skip where CUDA (or the kernel they test) is missing; on a GPU
+machine a silent skip would report success for kernels that never ran. A
+skip whose reason starts with ``HARDWARE_SKIP`` (the GPU itself cannot run the
+kernel, e.g. FlashAttention 2 on a pre-Ampere card) stays a skip.
+"""
+
+import pytest
+import torch
+
+HARDWARE_SKIP = "hardware:"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.get_closest_marker("gpu") and torch.cuda.is_available():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        if str(reason).removeprefix("Skipped: ").startswith(HARDWARE_SKIP):
+            return
+        report.outcome = "failed"
+        report.longrepr = f"gpu test skipped on a machine with CUDA: {reason}"

@@ -1,0 +1,120 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""``python -m torchtitan_seq1f1b.check [--device cuda|cpu] [--checks ...] [--json PATH]``.
+
+Prints a pass/fail/skip table and exits 1 if any check failed. Without CUDA
+and without ``--device cpu`` it says so, lists what it would run, and exits 0.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import torch
+
+from torchtitan_seq1f1b.check import format_table, Result
+from torchtitan_seq1f1b.check.distributed import pipelined_results, torchtitan_results
+from torchtitan_seq1f1b.check.kernels import kernel_results
+from torchtitan_seq1f1b.check.stack import stack_results
+
+CHECKS = {
+    "kernels": (
+        kernel_results,
+        "every attention backend that runs here (flash-attn, torch's flash kernel, the exact path) on a segment "
+        "with a prefix, bf16, GQA, head dims 64 and 128, forward and backward, against "
+        "exact float64 attention",
+    ),
+    "stack": (
+        stack_results,
+        "a llama3-shaped stack run segment by segment (backward on autograd's device "
+        "thread) under every activation checkpointing mode, float32 and bf16, against "
+        "unsplit training; peak memory per segment",
+    ),
+    "pipelined": (
+        pipelined_results,
+        "the four schedules x checkpointing modes on 2 GPUs over NCCL, float64, "
+        "against unsplit training",
+    ),
+    "torchtitan": (
+        torchtitan_results,
+        "a short torchtitan job, Seq1F1B PP=2 against one process from a seed checkpoint",
+    ),
+}
+# On CPU the multi-process checks duplicate the test suite; run them with --checks.
+DEFAULT_CHECKS = {"cuda": tuple(CHECKS), "cpu": ("kernels", "stack")}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchtitan_seq1f1b.check",
+        description="Check Seq1F1B's kernels, segmented training and pipelines on this machine.",
+    )
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"),
+        help="default: cuda if available; cpu runs what can run without a GPU",
+    )
+    parser.add_argument(
+        "--checks", type=lambda s: tuple(s.split(",")),
+        help=f"comma-separated subset of {','.join(CHECKS)} (default on cuda: all; "
+        f"on cpu: {','.join(DEFAULT_CHECKS['cpu'])})",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    unknown = set(args.checks or ()) - set(CHECKS)
+    if unknown:
+        parser.error(f"--checks: unknown {sorted(unknown)}; choose from {','.join(CHECKS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    return args
+
+
+def _run(name: str, device: torch.device) -> list[Result]:
+    check, _ = CHECKS[name]
+    started = time.perf_counter()
+    print(f"running {name} ...", file=sys.stderr, flush=True)
+    try:
+        results = check(device)
+    except Exception as crash:  # noqa: BLE001 - a crashed check is a failed row
+        results = [Result(name, "fail", reason=f"crashed: {type(crash).__name__}: {crash}")]
+    print(f"  {name}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.device is None and not torch.cuda.is_available():
+        print("no CUDA device: nothing checked. On a CUDA machine this runs:")
+        for name, (_, what) in CHECKS.items():
+            print(f"  {name}: {what}")
+        print("`--device cpu` runs the parts that can run on the CPU.")
+        return 0
+    device = torch.device(args.device or "cuda")
+    names = args.checks or DEFAULT_CHECKS[device.type]
+    results = [row for name in names for row in _run(name, device)]
+    print(format_table(results))
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    print(
+        f"\n{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped "
+        f"(device {device.type}, {gpus} GPUs, torch {torch.__version__})"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "device": device.type,
+                    "gpus": gpus,
+                    "torch": torch.__version__,
+                    "results": [dataclasses.asdict(r) for r in results],
+                },
+                f,
+                indent=1,
+            )
+    return 1 if counts["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Checks across processes: pipelined exactness and a short torchtitan job.
+
+On CUDA they need 2 GPUs and talk NCCL; ``--device cpu`` runs them on 2 gloo
+processes (what the test suite does at length).
+"""
+
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+
+from torchtitan_seq1f1b._launch import run_ranks
+from torchtitan_seq1f1b.check import relative_error, Result, worst
+from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
+from torchtitan_seq1f1b.exactness import Case, pipelined_cases, reference
+from torchtitan_seq1f1b.titan_runs import DEBUG_CONFIG, RunFailed, TEST_ARGS, torchrun
+
+__all__ = ["pipelined_results", "torchtitan_results"]
+
+WORLD_SIZE = 2
+STAGES_PER_RANK = {"Seq1F1B": 1, "InterleavedSeq1F1B": 2, "Seq1F1BZeroBubble": 1, "Seq1F1BZBV": 2}
+# Selective op checkpointing allows one backward per region; the split
+# input/weight backward of these schedules runs two, so they reject it.
+SPLIT_BACKWARD = ("Seq1F1BZeroBubble", "Seq1F1BZBV")
+FLOAT64_BOUND = 1e-10  # the schedules reorder float64 sums; nothing else differs
+TORCHTITAN_BOUND = 1e-4  # float32 losses and step-1 grad_norm, as in the tests
+
+
+def _missing_gpus(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.device_count() < WORLD_SIZE:
+        return f"needs {WORLD_SIZE} GPUs (found {torch.cuda.device_count()})"
+    return ""
+
+
+def _cases(device: torch.device) -> list[Case]:
+    return [
+        Case(
+            n_microbatches=3,
+            lengths=(5, 3, 4),
+            n_kv_heads=2,
+            activation_checkpoint=mode,
+            schedule=schedule,
+            stages_per_rank=stages_per_rank,
+            device=device.type,
+            # CUDA runs backward on its device thread itself.
+            device_thread=device.type == "cpu",
+        )
+        for schedule, stages_per_rank in STAGES_PER_RANK.items()
+        for mode in ACTIVATION_CHECKPOINT_MODES
+        if not (mode == "selective_op" and schedule in SPLIT_BACKWARD)
+    ]
+
+
+def _compare(case: Case, ranks: list[dict]) -> float:
+    """Largest relative error of gradients, summed losses and eval logits."""
+    ref = reference(case)
+    grads = {name: grad for rank in ranks for name, grad in rank["grads"].items()}
+    if grads.keys() != ref["grads"].keys():
+        return math.inf
+    losses = next(rank["losses"] for rank in ranks if rank["losses"])
+    logits = next(rank["logits"] for rank in ranks if rank["logits"] is not None)
+    return worst([
+        relative_error(sum(losses), ref["loss_sum"]),
+        relative_error(logits, ref["logits"]),
+        *(relative_error(grads[name], ref["grads"][name]) for name in grads),
+    ])
+
+
+def pipelined_results(device: torch.device) -> list[Result]:
+    """Every schedule x checkpointing mode, float64, against unsplit training."""
+    cases = _cases(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    names = [
+        f"pipelined {c.schedule} ac={c.activation_checkpoint} ({WORLD_SIZE} ranks, {backend})"
+        for c in cases
+    ]
+    if missing := _missing_gpus(device):
+        return [Result(name, "skip", reason=missing) for name in names]
+    try:
+        per_rank = run_ranks(pipelined_cases, WORLD_SIZE, cases, timeout=900, backend=backend)
+    except Exception as crash:  # noqa: BLE001 - every case failed with it
+        reason = f"{type(crash).__name__}: {str(crash)[-500:]}"
+        return [Result(name, "fail", reason=reason) for name in names]
+    return [
+        Result.bounded(name, _compare(case, [rank[i] for rank in per_rank]), FLOAT64_BOUND)
+        for i, (name, case) in enumerate(zip(names, cases))
+    ]
+
+
+def torchtitan_results(device: torch.device) -> list[Result]:
+    """torchtitan's llama3 debug model: Seq1F1B PP=2 against one process, from
+    one seed checkpoint; per-step losses and the step-1 grad_norm."""
+    name = f"torchtitan Seq1F1B PP={WORLD_SIZE} vs 1 process"
+    if missing := _missing_gpus(device):
+        return [Result(name, "skip", reason=missing)]
+    if not DEBUG_CONFIG.exists():
+        return [Result(name, "skip", reason=f"needs a source checkout ({DEBUG_CONFIG} not found)")]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            torchrun(
+                folder / "seed", 1, *TEST_ARGS,
+                "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+                "--parallelism.pipeline_parallel_degree", "1",
+            )
+            from_seed = (
+                *TEST_ARGS,
+                "--checkpoint.enable",
+                "--checkpoint.initial_load_path", str(folder / "seed" / "checkpoint" / "step-0"),
+                "--checkpoint.interval", "1000",
+            )
+            single = torchrun(
+                folder / "single", 1, *from_seed, "--parallelism.pipeline_parallel_degree", "1"
+            )
+            seq1f1b = torchrun(
+                folder / "seq1f1b", WORLD_SIZE, *from_seed,
+                "--parallelism.pipeline_parallel_degree", str(WORLD_SIZE),
+            )
+            losses, ref_losses = seq1f1b.losses, single.losses
+            grad_norm, ref_grad_norm = seq1f1b.grad_norms.get(1), single.grad_norms.get(1)
+    except (RunFailed, OSError) as crash:
+        return [Result(name, "fail", reason=f"{type(crash).__name__}: {str(crash)[-500:]}")]
+    if not ref_losses or sorted(losses) != sorted(ref_losses) or grad_norm is None:
+        return [Result(name, "fail", reason=f"logged steps differ: {sorted(losses)} vs {sorted(ref_losses)}")]
+    errors = [abs(losses[s] - ref_losses[s]) / abs(ref_losses[s]) for s in ref_losses]
+    errors.append(abs(grad_norm - ref_grad_norm) / abs(ref_grad_norm))
+    steps = sorted(ref_losses)
+    return [
+        Result.bounded(
+            name, worst(errors), TORCHTITAN_BOUND,
+            steps=len(steps), loss_first=losses[steps[0]], loss_last=losses[steps[-1]],
+        )
+    ]

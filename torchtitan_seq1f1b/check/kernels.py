@@ -1,0 +1,112 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Attention kernels on a segment attending to its prefix, against exact attention.
+
+Each backend gets the same inputs, rounded to its dtype; the reference is
+plain masked-softmax attention in float64 on those rounded values, so every
+difference is the kernel's own (its masking, GQA, prefix handling, rounding).
+"""
+
+import math
+
+import torch
+
+from torchtitan_seq1f1b.attention_backends import KernelTarget, resolve_backend
+from torchtitan_seq1f1b.check import relative_error, Result
+
+__all__ = ["kernel_results", "reference_attention"]
+
+N_HEADS, N_KV_HEADS = 8, 2  # GQA: 4 query heads per K/V head
+# (q_len, k_len): a segment after a 160-token prefix, and a first segment.
+SHAPES = ((96, 256), (96, 96))
+HEAD_DIMS = (64, 128)
+BATCHES = (1, 2)
+DTYPES = {
+    "flash": (torch.bfloat16,),
+    "varlen": (torch.bfloat16,),
+    "sdpa": (torch.bfloat16, torch.float64),
+}
+# Bounds on the norm-wise relative error of output, dq, dk and dv. bf16 keeps
+# 8 significant bits: rounding costs up to 2^-9 per entry, ~1.1e-3 norm-wise
+# (2^-9 / sqrt(3)), which is what rounding the exact result to bf16 alone
+# gives. Kernels also round the softmax probabilities and dS to bf16 before
+# their matmuls: a few such roundings, 2e-3 to 5e-3 for torch's bf16 SDPA on
+# CPU. 2^-6 ~ 1.6e-2 leaves a factor 3; a wrong mask or a missing prefix is
+# off by O(0.1-1). float64 differs from the reference in summation order only.
+BOUNDS = {torch.bfloat16: 2**-6, torch.float64: 1e-12}
+
+
+def reference_attention(q, k, v, scale=None):
+    """Bottom-right causal attention, (B, Lq, H, D) x (B, Lk, Hkv, D) -> (B, Lq, H, D).
+
+    Query t of Lq sees keys 0..Lk-Lq+t; query heads h share K/V head
+    h // (H / Hkv). Computes in the inputs' dtype (float64 here).
+    """
+    q_len, n_heads, head_dim = q.shape[1:]
+    k_len, n_kv_heads = k.shape[1:3]
+    scale = 1 / math.sqrt(head_dim) if scale is None else scale
+    k = k.repeat_interleave(n_heads // n_kv_heads, dim=2)
+    v = v.repeat_interleave(n_heads // n_kv_heads, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    last_visible = torch.arange(q_len, device=q.device)[:, None] + (k_len - q_len)
+    hidden = torch.arange(k_len, device=q.device)[None, :] > last_visible
+    return torch.einsum("bhqk,bkhd->bqhd", scores.masked_fill(hidden, -math.inf).softmax(-1), v)
+
+
+def _inputs(batch, q_len, k_len, head_dim, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [
+        (batch, q_len, N_HEADS, head_dim),
+        (batch, k_len, N_KV_HEADS, head_dim),
+        (batch, k_len, N_KV_HEADS, head_dim),
+        (batch, q_len, N_HEADS, head_dim),  # gradient of the output
+    ]
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(device, dtype) for s in shapes]
+
+
+def _output_and_grads(fn, q, k, v, grad_out):
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    return [out.detach(), *(leaf.grad for leaf in leaves)]
+
+
+def _worst_error(backend, head_dim, dtype, device) -> tuple[float, str]:
+    worst, where = 0.0, ""
+    for batch in BATCHES:
+        for q_len, k_len in SHAPES:
+            q, k, v, grad_out = _inputs(batch, q_len, k_len, head_dim, dtype, device, seed=batch)
+            actual = _output_and_grads(lambda *x: backend(*x, None), q, k, v, grad_out)
+            expected = _output_and_grads(
+                reference_attention, *(x.double() for x in (q, k, v, grad_out))
+            )
+            for name, a, e in zip(("out", "dq", "dk", "dv"), actual, expected):
+                error = relative_error(a, e)
+                if not error <= worst:  # NaN counts as worst
+                    worst, where = error, f"{name} b{batch} {q_len}/{k_len}"
+    return worst, where
+
+
+def check_kernel(name: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> Result:
+    """One backend in one dtype and head dim, over batch 1 and 2, with and without prefix."""
+    row = f"kernel {name} {str(dtype).removeprefix('torch.')} d{head_dim}"
+    backend = resolve_backend(name)
+    probe = torch.empty(1, 1, N_HEADS, head_dim, dtype=dtype, device=device)
+    if not backend.supports(probe):
+        unmet = backend.unmet_requirements(KernelTarget.of(probe))
+        return Result(row, "skip", reason="needs " + "; ".join(unmet))
+    try:
+        error, where = _worst_error(backend, head_dim, dtype, device)
+    except Exception as crash:  # noqa: BLE001 - reported as a failed row
+        return Result(row, "fail", reason=f"{type(crash).__name__}: {crash}")
+    return Result.bounded(row, error, BOUNDS[dtype], worst=where)
+
+
+def kernel_results(device: torch.device) -> list[Result]:
+    return [
+        check_kernel(name, head_dim, dtype, device)
+        for name, dtypes in DTYPES.items()
+        for dtype in dtypes
+        for head_dim in HEAD_DIMS
+    ]

@@ -1,0 +1,178 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Pipelined runs of the tiny transformer and the unsplit reference they must equal.
+
+The exactness tests and ``python -m torchtitan_seq1f1b.check`` run a
+:class:`Case` through a Seq1F1B schedule on several ranks (:func:`pipelined`,
+under ``run_ranks``) and compare every gradient, loss and eval logit with
+:func:`reference`, the same model trained unsplit in one process. Results
+come back on the CPU whatever the device.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+from torchtitan_seq1f1b import (
+    ScheduleInterleavedSeq1F1B,
+    ScheduleSeq1F1B,
+    ScheduleSeq1F1BZBV,
+    ScheduleSeq1F1BZeroBubble,
+    SegmentAwareAttention,
+    SegmentPlan,
+)
+from torchtitan_seq1f1b.attention_backends import AttentionBackend
+from torchtitan_seq1f1b.device_thread import backward_on_fresh_thread
+from torchtitan_seq1f1b.examples.tiny_transformer import (
+    TinyTransformer,
+    TinyTransformerArgs,
+    token_sum_cross_entropy,
+)
+
+
+SCHEDULES = {
+    "Seq1F1B": ScheduleSeq1F1B,
+    "InterleavedSeq1F1B": ScheduleInterleavedSeq1F1B,
+    "Seq1F1BZeroBubble": ScheduleSeq1F1BZeroBubble,
+    "Seq1F1BZBV": ScheduleSeq1F1BZBV,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One exactness configuration of the tiny transformer."""
+
+    n_microbatches: int
+    lengths: tuple[int, ...]
+    n_kv_heads: int = 4
+    activation_checkpoint: str = "none"  # ACTIVATION_CHECKPOINT_MODES
+    microbatch_size: int = 2
+    schedule: str = "Seq1F1B"
+    stages_per_rank: int = 1
+    n_layers: int = 4
+    # Every backward on a fresh thread, as CUDA's autograd engine runs it
+    # (on CUDA it does so anyway).
+    device_thread: bool = True
+    device: str = "cpu"
+    """"cpu", or "cuda": rank r runs on GPU r, the reference on GPU 0."""
+
+    @property
+    def plan(self) -> SegmentPlan:
+        return SegmentPlan.from_lengths(self.lengths)
+
+    @property
+    def model_args(self) -> TinyTransformerArgs:
+        return TinyTransformerArgs(
+            n_layers=self.n_layers,
+            n_kv_heads=self.n_kv_heads,
+            activation_checkpoint=self.activation_checkpoint,
+            attention_backend="sdpa",
+        )
+
+    def rank_device(self, rank: int) -> torch.device:
+        return torch.device(self.device, rank) if self.device == "cuda" else torch.device("cpu")
+
+    def model(self, device: torch.device | str = "cpu") -> TinyTransformer:
+        """float64 weights, the same on every device (initialised on the CPU)."""
+        torch.manual_seed(0)
+        return TinyTransformer(self.model_args).double().to(device)
+
+    def batch(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, target: (n_microbatches * microbatch_size, seq_len); some targets ignored."""
+        gen = torch.Generator().manual_seed(1)
+        shape = (self.n_microbatches * self.microbatch_size, sum(self.lengths))
+        tokens = torch.randint(0, self.model_args.vocab_size, shape, generator=gen)
+        target = torch.randint(0, self.model_args.vocab_size, shape, generator=gen)
+        target[torch.rand(shape, generator=gen) < 0.15] = -100
+        return tokens.to(device), target.to(device)
+
+
+def _host(x: torch.Tensor) -> torch.Tensor:
+    """A CPU copy (results cross process boundaries and outlive the step)."""
+    return x.detach().to("cpu", copy=True)
+
+
+def reference(case: Case) -> dict:
+    """Unsplit, non-pipelined loss, gradients and logits in one process."""
+    device = case.rank_device(0)
+    model = case.model(device)
+    tokens, target = case.batch(device)
+    logits = model(tokens)
+    loss_sum = token_sum_cross_entropy(logits, target)
+    (loss_sum / (target != -100).sum()).backward()
+    return {
+        "loss_sum": _host(loss_sum),
+        "grads": {n: _host(p.grad) for n, p in model.named_parameters()},
+        "logits": _host(logits),
+    }
+
+
+def pipelined(
+    rank: int,
+    world_size: int,
+    case: Case,
+    loss_normalizer: float | None = None,
+    attention_backend: AttentionBackend | None = None,
+) -> dict:
+    """One training step and one eval() of ``case.schedule`` on this rank's stages.
+
+    Stages ``rank + c * world_size`` for each chunk c (loop placement), or
+    ``rank`` and ``2 * world_size - 1 - rank`` for the V of Seq1F1BZBV. Every
+    attention layer runs ``attention_backend`` if given (the exact one otherwise).
+    """
+    device = case.rank_device(rank)
+    model = case.model(device)
+    num_stages = world_size * case.stages_per_rank
+    if case.schedule == "Seq1F1BZBV":
+        indices = [rank, num_stages - 1 - rank]
+    else:
+        indices = [rank + c * world_size for c in range(case.stages_per_rank)]
+    parts = [model.stage(i, num_stages) for i in indices]
+    if attention_backend is not None:
+        for part in parts:
+            for module in part.modules():
+                if isinstance(module, SegmentAwareAttention):
+                    module.backend = attention_backend
+    stages = [
+        PipelineStage(part, i, num_stages, device)
+        for part, i in zip(parts, indices)
+    ]
+    schedule = SCHEDULES[case.schedule](
+        stages,
+        case.n_microbatches,
+        case.plan,
+        loss_fn=token_sum_cross_entropy,
+        positions_kwarg="positions",
+    )
+    schedule.loss_normalizer = loss_normalizer
+    tokens, target = case.batch(device)
+    inputs = (tokens,) if rank == 0 else ()
+    has_last = indices[-1] == num_stages - 1
+    losses: list = []
+    with backward_on_fresh_thread(case.device_thread):
+        schedule.step(*inputs, target=target if has_last else None, losses=losses)
+    stores = [schedule.kv_stores[i] for i in indices]
+    result = {
+        "grads": {n: _host(p.grad) for part in parts for n, p in part.named_parameters()},
+        "losses": [_host(loss) for loss in losses],
+        "kv_left_after_step": sum(len(store) for store in stores),
+        "kv_peak_bytes": max(store.peak_bytes for store in stores),
+        # Sequence length of every chunk's activation and gradient receive buffer.
+        "recv_lens": [
+            [info.buffer.shape[1] for info in infos if info.buffer is not None]
+            for stage in stages
+            for recv in (stage.args_recv_info, stage.grad_recv_info)
+            for infos in (recv[chunk] for chunk in sorted(recv))
+        ],
+    }
+    with torch.no_grad():
+        logits = schedule.eval(*inputs, target=target if has_last else None)
+    result["logits"] = _host(logits) if has_last else None
+    result["kv_left_after_eval"] = sum(len(store) for store in stores)
+    return result
+
+
+def pipelined_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]:
+    return [pipelined(rank, world_size, case) for case in cases]
