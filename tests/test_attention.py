@@ -10,6 +10,7 @@ documented flash-attn / torch varlen contracts in plain torch. Segmented runs
 must reproduce the unsplit attention and its gradients.
 """
 
+import functools
 import importlib.util
 import re
 from collections import defaultdict
@@ -27,6 +28,7 @@ from torchtitan_seq1f1b.attention_backends import (
     resolve_backend,
 )
 from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, _PrefixBuffers
+from torchtitan_seq1f1b import segmented
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.kernel_fakes import naive_attention, stand_in_backend
@@ -145,52 +147,8 @@ def test_naive_reference_is_bottom_right():
 # ---- 3. segmented vs unsplit through SegmentAwareAttention ---------------------
 
 
-class SegmentedRun:
-    """One microbatch of ``fn(*inputs)`` run segment by segment, Seq1F1B style.
-
-    Every input is (batch, heads, seq_len, head_dim) and is cut on dim 2; each
-    segment gets its own leaves so gradients can be mapped back per segment.
-    """
-
-    def __init__(self, fn, inputs, plan, store, microbatch):
-        bind_attention(fn, store)
-        self.fn, self.inputs, self.plan = fn, inputs, plan
-        self.store, self.microbatch = store, microbatch
-        self.outs = [None] * plan.num_segments
-        self.leaves = [None] * plan.num_segments
-
-    def _scope(self, segment):
-        return self.store.running_unit(SegmentUnit(self.microbatch, segment, self.plan))
-
-    def forward(self, segment):
-        sl = self.plan.slices()[segment]
-        leaves = [x[:, :, sl].detach().requires_grad_() for x in self.inputs]
-        with self._scope(segment):
-            self.outs[segment] = self.fn(*leaves)
-        self.leaves[segment] = leaves
-
-    def backward(self, segment, grad_out):
-        sl = self.plan.slices()[segment]
-        with self._scope(segment):
-            self.outs[segment].backward(grad_out[:, :, sl])
-
-    def output(self):
-        return torch.cat([o.detach() for o in self.outs], dim=2)
-
-    def grads(self):
-        return [
-            torch.cat([leaves[i].grad for leaves in self.leaves], dim=2)
-            for i in range(len(self.inputs))
-        ]
-
-    def run(self, grad_out):
-        """All forwards in order, then all backwards last-to-first; frees the store."""
-        for j in range(self.plan.num_segments):
-            self.forward(j)
-        for j in reversed(range(self.plan.num_segments)):
-            self.backward(j, grad_out)
-        self.store.free(self.microbatch)
-        return self.output(), self.grads()
+# q, k, v (batch, heads, seq_len, head_dim) run segment by segment.
+SegmentedRun = functools.partial(segmented.SegmentedRun, seq_dim=2)
 
 
 def attention_inputs(batch, n_heads, n_kv, seq_len, head_dim=8, seed=0):
