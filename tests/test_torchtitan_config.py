@@ -16,6 +16,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
 from torchtitan_seq1f1b.integration import install, pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.config_checks import Seq1F1BUsageError
 from torchtitan_seq1f1b.integration.pipeline import (
     _check_job,
     _module_names_per_stage,
@@ -108,6 +109,68 @@ def test_seq1f1b_section_is_on_the_command_line():
         3, "uniform", "sdpa"
     )
     assert (options.align, options.segment_lengths) == (8, [128, 128])
+
+
+def _usage_error(tmp_path, toml_text: str, *args: str) -> str:
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[job]\ncustom_config_module = "torchtitan_seq1f1b.job_config"\n' + toml_text
+    )
+    with pytest.raises(Seq1F1BUsageError) as error:
+        ConfigManager().parse_args(["--job.config_file", str(config), *args])
+    assert str(error.value.code) == f"torchtitan_seq1f1b: error: {error.value.message}"
+    return error.value.message
+
+
+def test_misspelt_seq1f1b_key_names_the_valid_keys(tmp_path):
+    message = _usage_error(tmp_path, "[seq1f1b]\nnum_segment = 4\n")
+    assert message == (
+        "[seq1f1b] num_segment is not an option; did you mean 'num_segments'? "
+        "[seq1f1b] takes: num_segments, partition, attention_backend, align, segment_lengths"
+    )
+    message = _usage_error(tmp_path, "[seq1f1b]\nnum_segments = 4\nflavour = 1\n")
+    assert message.startswith("[seq1f1b] flavour is not an option; [seq1f1b] takes:")
+    message = _usage_error(tmp_path, "[seq1f1]\nnum_segments = 4\n")
+    assert message == "[seq1f1] is not a section; did you mean [seq1f1b]?"
+
+
+@pytest.mark.parametrize(
+    "name,closest",
+    [("Seq1F1b", "Seq1F1B"), ("seq1f1b_zbv", "Seq1F1BZBV"), ("InterleavedSeq1F1", "InterleavedSeq1F1B"),
+     ("1F1b_", "1F1B"), ("banana", None)],
+)
+def test_misspelt_schedule_names_ours_and_torchs(tmp_path, name, closest):
+    message = _usage_error(
+        tmp_path,
+        f'[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "{name}"\n',
+    )
+    hint = f"did you mean {closest!r}? " if closest else ""
+    assert message.startswith(
+        f"parallelism.pipeline_parallel_schedule = {name!r} is not a schedule; {hint}"
+        "Seq1F1B schedules (exact case): Seq1F1B, InterleavedSeq1F1B, Seq1F1BZeroBubble, "
+        "Seq1F1BZBV; torch's: 1F1B, GPipe, Interleaved1F1B,"
+    ), message
+
+
+def test_schedule_names_torch_accepts_still_parse():
+    for name in ("Seq1F1BZBV", "interleaved1f1b", "ZBVZeroBubble"):
+        job_config = ConfigManager().parse_args(
+            ["--job.config_file", str(DEBUG_CONFIG),
+             "--parallelism.pipeline_parallel_schedule", name]
+        )
+        assert job_config.parallelism.pipeline_parallel_schedule == name
+    # Without pipelining the name is never read, so it is not checked.
+    ConfigManager().parse_args(
+        ["--job.config_file", str(DEBUG_CONFIG), "--parallelism.pipeline_parallel_degree", "1",
+         "--parallelism.pipeline_parallel_schedule", "Seq1F1b"]
+    )
+
+
+def test_usage_error_prints_on_local_rank_0_only(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert Seq1F1BUsageError("x").code == 1
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert Seq1F1BUsageError("x").code == "torchtitan_seq1f1b: error: x"
 
 
 @pytest.mark.parametrize(
