@@ -232,3 +232,30 @@ def test_cpu_support_points_torchtitan_at_the_cpu():
     assert dist_utils.device_module.current_device() == 0
     assert dist_utils.device_module.memory_stats()["active_bytes.all.peak"] > 0
     assert getattr(FSDPModule.set_gradient_divide_factor, "_seq1f1b_cpu", False)
+
+
+def test_run_summary_lines():
+    from types import SimpleNamespace
+
+    from torchtitan_seq1f1b.integration.summary import run_summary
+
+    job_config, *_ = _job(DEBUG_CONFIG)
+    schedule = SimpleNamespace(segment_plan=SimpleNamespace(lengths=(16, 16, 16, 16)))
+    below, above = (
+        run_summary(job_config, schedule, 1, 300, [loss]) for loss in (3.0, 4.0)
+    )
+    assert below[0] == "Seq1F1B: trained steps 1-300; loss 3.0000 (mean of the last 1 logged steps)"
+    assert "no model that cannot attend to earlier segments gets below loss 3.9009" in below[1]
+    assert below[2] == "achieved loss 3.0000 is 0.9009 below it: the model attends across segments"
+    assert above[2] == "achieved loss 4.0000 is not below it yet: train longer"
+    assert run_summary(job_config, schedule, 301, 302, []) == [
+        "Seq1F1B: trained steps 301-302; no loss was logged"
+    ]
+    assert run_summary(job_config, None, None, 300, [])[0].startswith(
+        "Seq1F1B: no step trained: the run resumed at step 300 from "
+        "./outputs/debug_seq1f1b/checkpoint and training.steps = 300; raise --training.steps"
+    )
+    job_config.training.seq_len = 128
+    assert "no bound for doc_tokens=65 at seq_len=128" in run_summary(
+        job_config, schedule, 1, 2, [4.0]
+    )[1]

@@ -40,7 +40,8 @@ class Seq1F1BMetricsProcessor(MetricsProcessor):
     step line on every rank, with loss -1 where it is missing. When
     ``prints_loss`` is False (Seq1F1B jobs, on every rank but the one
     torchtitan picks to write metrics) the step and validation lines are not
-    printed. ``recent_losses`` keeps the last logged losses of this rank.
+    printed. ``recent_losses`` keeps the last logged losses of this rank; the
+    last step is always logged.
     """
 
     schedule: ScheduleSeq1F1B | None = None
@@ -56,6 +57,10 @@ class Seq1F1BMetricsProcessor(MetricsProcessor):
         super().__init__(job_config, parallel_dims, tag)
         self.prints_loss = prints_loss
         self.recent_losses: deque[float] = deque(maxlen=10)
+
+    def should_log(self, step: int) -> bool:
+        """torchtitan's rule, plus the last step, whose loss the run summary reports."""
+        return super().should_log(step) or step == self.job_config.training.steps
 
     def log(
         self,

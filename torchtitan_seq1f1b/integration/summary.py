@@ -40,6 +40,8 @@ def run_summary(
             f"and training.steps = {job_config.training.steps}; raise --training.steps "
             f"to continue, or remove {folder} to start over"
         ]
+    if not recent_losses:
+        return [f"Seq1F1B: trained steps {first_step}-{last_step}; no loss was logged"]
     loss = sum(recent_losses) / len(recent_losses)
     lines = [
         f"Seq1F1B: trained steps {first_step}-{last_step}; loss {loss:.4f} "
