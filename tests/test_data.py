@@ -3,7 +3,9 @@
 
 """The embedded recall corpus and tokenizer, through torchtitan's own data path."""
 
+import itertools
 import math
+from collections import Counter, defaultdict
 
 import pytest
 import torch
@@ -24,7 +26,9 @@ from torchtitan_seq1f1b.data import (
     VOCAB_SIZE,
     RecallSpec,
     dependent_mask,
+    full_attention_bound,
     load_recall,
+    no_cross_segment_bound,
     recall_document,
     register_datasets,
     resolve_hf_assets_path,
@@ -137,6 +141,49 @@ def test_resolve_hf_assets_path(tmp_path, monkeypatch):
         assert resolve_hf_assets_path(spelling) == str(TOKENIZER_DIR)
     assert resolve_hf_assets_path(str(tmp_path)) == str(tmp_path)
     assert resolve_hf_assets_path("./elsewhere") == "./elsewhere"
+
+
+def _conditional_entropy(spec, segment_lengths):
+    """Mean over labels of H(label | position, inputs of its segment up to it),
+    by enumerating every document of the corpus (tiny specs only)."""
+    n = spec.half_words
+    starts = [sum(segment_lengths[:j]) for j in range(len(segment_lengths))]
+    documents = [
+        [BOS_ID, *words, RECALL_ID, *words, EOS_ID]
+        for words in itertools.permutations(range(4, 4 + spec.words), n)
+    ]
+    total = 0.0
+    for t in range(2 * n + 2):
+        start = max(s for s in starts if s <= t)
+        by_context = defaultdict(Counter)
+        for doc in documents:
+            by_context[tuple(doc[start : t + 1])][doc[t + 1]] += 1
+        for labels in by_context.values():
+            count = sum(labels.values())
+            total += sum(c * math.log(count / c) for c in labels.values()) / len(documents)
+    return total / (2 * n + 2)
+
+
+@pytest.mark.parametrize(
+    "half_words,words,segment_lengths",
+    [(2, 4, [3, 3]), (2, 4, [2, 2, 2]), (3, 5, [5, 3]), (3, 5, [2, 2, 2, 2]), (3, 4, [1, 4, 3]),
+     (3, 6, [8])],
+)
+def test_bounds_equal_the_exact_conditional_entropy(half_words, words, segment_lengths):
+    spec = RecallSpec(doc_tokens=2 * half_words + 3, words=words)
+    expected = _conditional_entropy(spec, segment_lengths)
+    assert no_cross_segment_bound(spec, segment_lengths) == pytest.approx(expected, rel=1e-12)
+    if len(segment_lengths) == 1:
+        assert full_attention_bound(spec) == pytest.approx(expected, rel=1e-12)
+
+
+def test_bounds_of_the_debug_job():
+    spec = RecallSpec.parse("doc_tokens=257,words=256")
+    blind = no_cross_segment_bound(spec, [64] * 4)
+    assert full_attention_bound(spec) < blind - 2.5 < math.log(256)
+    assert no_cross_segment_bound(spec, [256]) == full_attention_bound(spec)
+    with pytest.raises(ValueError, match="doc_tokens=257 must be seq_len \\+ 1 = 129"):
+        no_cross_segment_bound(spec, [64, 64])
 
 
 # --- through torchtitan ----------------------------------------------------

@@ -89,3 +89,17 @@ def test_missing_bench_row_names_what_the_file_holds(tmp_path, bench_json, capsy
         plot.main(["timeline", "--bench", str(bench_json), "--schedule", "GPipe",
                    "-o", str(tmp_path / "x.png")])
     assert "it holds: 1F1B m=2, Seq1F1B k=1 m=2, Seq1F1B k=4 m=2" in capsys.readouterr().err
+
+
+def test_timeline_says_what_it_simulates(tmp_path, capsys):
+    out = tmp_path / "timeline.png"
+    assert plot.main(["timeline", "--pp", "4", "-m", "2", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(
+        "simulated: model bench (dim 256, 8 layers, 8 heads, 2 K/V heads), seq_len 1024, pp 4, m 2\n"
+        "Seq1F1B, k 4 (balanced), v 1\n"
+    )
+    assert plot.main(["timeline", "--model", "llama3-8b", "--seq-len", "8192", "-o", str(out)]) == 0
+    assert "model llama3-8b (dim 4096, 32 layers, 32 heads, 8 K/V heads), seq_len 8192, pp 2" in (
+        capsys.readouterr().out
+    )

@@ -418,8 +418,9 @@ def test_sim_config_chunks():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--seq-len", "1024", "--pp", "2", "-m", "4"], "give --model or all of"),
-    (["--model", "paper-7b", "--pp", "2", "-m", "4"], "--seq-len"),
+    (["--layers", "4", "--seq-len", "1024", "--pp", "2", "-m", "4"],
+     "explicit dims need all of --layers, --dim, --heads (missing --dim, --heads), or use "
+     "--model (one of llama3-70b, llama3-8b,"),
     (["--model", "paper-7b", "--seq-len", "1024", "--pp", "0", "-m", "4"], "positive integer"),
     (["--model", "paper-7b", "--seq-len", "x", "--pp", "2", "-m", "4"], "positive integer"),
     (["--model", "gpt-5", "--seq-len", "1024", "--pp", "2", "-m", "4"], "invalid choice"),
@@ -452,6 +453,16 @@ def test_cli_errors(argv, message, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_defaults_are_the_8b_32k_config_and_the_table_has_a_legend(capsys):
+    assert main(["--schedule", "all"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model=llama3-8b seq_len=32768 pp=4 tp=1 dp=1 m=8 partition=balanced")
+    assert all(f"\n{name} " in out for name in SCHEDULE_SPECS)
+    legend = out[out.index("columns:"):]
+    for column in ("makespan", "bubble", "equal-cost", "analytic", "peak GiB"):
+        assert f"\n  {column} " in legend
 
 
 def test_module_entry_point():

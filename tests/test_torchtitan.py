@@ -11,7 +11,7 @@ would hide in the loss curve.
 
 import pytest
 
-from tests.titan import RunFailed, TEST_ARGS, torchrun
+from tests.titan import DEBUG_CONFIG, RunFailed, TEST_ARGS, torchrun
 
 RTOL = 1e-4
 
@@ -240,3 +240,14 @@ def test_bad_config_fails_on_every_rank_before_training(tmp_path, args, message)
     assert output.count(message) >= 2
     assert "Training starts" not in output
     assert "Connection closed by peer" not in output
+
+
+def test_misspelt_key_fails_once_per_node_without_traceback(tmp_path):
+    config = tmp_path / "typo.toml"
+    config.write_text(DEBUG_CONFIG.read_text().replace("num_segments =", "num_segment ="))
+    with pytest.raises(RunFailed) as failure:
+        torchrun(tmp_path, 2, config=config, timeout=120)
+    output = failure.value.output
+    message = "torchtitan_seq1f1b: error: [seq1f1b] num_segment is not an option; did you mean 'num_segments'?"
+    assert output.count(message) == 1
+    assert "[rank0]: Traceback" not in output and "[rank1]: Traceback" not in output

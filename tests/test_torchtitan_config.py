@@ -16,6 +16,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
 from torchtitan_seq1f1b.integration import install, pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.config_checks import Seq1F1BUsageError
 from torchtitan_seq1f1b.integration.pipeline import (
     _check_job,
     _module_names_per_stage,
@@ -115,6 +116,68 @@ def test_seq1f1b_section_is_on_the_command_line():
     assert (options.align, options.segment_lengths) == (8, [128, 128])
 
 
+def _usage_error(tmp_path, toml_text: str, *args: str) -> str:
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[job]\ncustom_config_module = "torchtitan_seq1f1b.job_config"\n' + toml_text
+    )
+    with pytest.raises(Seq1F1BUsageError) as error:
+        ConfigManager().parse_args(["--job.config_file", str(config), *args])
+    assert str(error.value.code) == f"torchtitan_seq1f1b: error: {error.value.message}"
+    return error.value.message
+
+
+def test_misspelt_seq1f1b_key_names_the_valid_keys(tmp_path):
+    message = _usage_error(tmp_path, "[seq1f1b]\nnum_segment = 4\n")
+    assert message == (
+        "[seq1f1b] num_segment is not an option; did you mean 'num_segments'? "
+        "[seq1f1b] takes: num_segments, partition, attention_backend, align, segment_lengths"
+    )
+    message = _usage_error(tmp_path, "[seq1f1b]\nnum_segments = 4\nflavour = 1\n")
+    assert message.startswith("[seq1f1b] flavour is not an option; [seq1f1b] takes:")
+    message = _usage_error(tmp_path, "[seq1f1]\nnum_segments = 4\n")
+    assert message == "[seq1f1] is not a section; did you mean [seq1f1b]?"
+
+
+@pytest.mark.parametrize(
+    "name,closest",
+    [("Seq1F1b", "Seq1F1B"), ("seq1f1b_zbv", "Seq1F1BZBV"), ("InterleavedSeq1F1", "InterleavedSeq1F1B"),
+     ("1F1b_", "1F1B"), ("banana", None)],
+)
+def test_misspelt_schedule_names_ours_and_torchs(tmp_path, name, closest):
+    message = _usage_error(
+        tmp_path,
+        f'[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "{name}"\n',
+    )
+    hint = f"did you mean {closest!r}? " if closest else ""
+    assert message.startswith(
+        f"parallelism.pipeline_parallel_schedule = {name!r} is not a schedule; {hint}"
+        "Seq1F1B schedules (exact case): Seq1F1B, InterleavedSeq1F1B, Seq1F1BZeroBubble, "
+        "Seq1F1BZBV; torch's: 1F1B, GPipe, Interleaved1F1B,"
+    ), message
+
+
+def test_schedule_names_torch_accepts_still_parse():
+    for name in ("Seq1F1BZBV", "interleaved1f1b", "ZBVZeroBubble"):
+        job_config = ConfigManager().parse_args(
+            ["--job.config_file", str(DEBUG_CONFIG),
+             "--parallelism.pipeline_parallel_schedule", name]
+        )
+        assert job_config.parallelism.pipeline_parallel_schedule == name
+    # Without pipelining the name is never read, so it is not checked.
+    ConfigManager().parse_args(
+        ["--job.config_file", str(DEBUG_CONFIG), "--parallelism.pipeline_parallel_degree", "1",
+         "--parallelism.pipeline_parallel_schedule", "Seq1F1b"]
+    )
+
+
+def test_usage_error_prints_on_local_rank_0_only(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert Seq1F1BUsageError("x").code == 1
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert Seq1F1BUsageError("x").code == "torchtitan_seq1f1b: error: x"
+
+
 @pytest.mark.parametrize(
     "args,kwargs,message",
     [
@@ -123,16 +186,16 @@ def test_seq1f1b_section_is_on_the_command_line():
         (("--model.flavor", "debugmodel_varlen_attn"), {}, "attn_type='varlen'"),
         (("--compile.enable",), {}, "compile.enable"),
         (("--parallelism.pipeline_parallel_microbatch_size", "3"), {},
-         "training.local_batch_size=4 must be a multiple of "
+         "training.local_batch_size=16 must be a multiple of "
          "parallelism.pipeline_parallel_microbatch_size=3"),
         (("--seq1f1b.num_segments", "0"), {}, "seq1f1b.num_segments=0 must be >= 1"),
-        (("--seq1f1b.num_segments", "300"), {}, "300 segments of at least 1 tokens do not fit in 256"),
+        (("--seq1f1b.num_segments", "300"), {}, "300 segments of at least 1 tokens do not fit in 64"),
         (("--seq1f1b.num_segments", "130"), {"tp": 2}, "130 segments of at least 2 tokens"),
         (("--training.seq_len", "250", "--seq1f1b.align", "8"), {}, "align=8"),
         (("--training.seq_len", "254"), {"tp": 4}, "x tp=4"),
         (("--seq1f1b.segment_lengths", "100", "100"), {}, "segment_lengths"),
         (("--validation.enable", "--validation.seq_len", "512"), {},
-         "validation.seq_len=512 differs from training.seq_len=256"),
+         "validation.seq_len=512 differs from training.seq_len=64"),
         (("--parallelism.pipeline_parallel_layers_per_stage", "1"), {},
          "pipeline_parallel_layers_per_stage=1 gives 8 stages"),
         (("--parallelism.pipeline_parallel_schedule_csv", "x.csv"), {},
@@ -183,3 +246,30 @@ def test_cpu_support_points_torchtitan_at_the_cpu():
     assert dist_utils.device_module.current_device() == 0
     assert dist_utils.device_module.memory_stats()["active_bytes.all.peak"] > 0
     assert getattr(FSDPModule.set_gradient_divide_factor, "_seq1f1b_cpu", False)
+
+
+def test_run_summary_lines():
+    from types import SimpleNamespace
+
+    from torchtitan_seq1f1b.integration.summary import run_summary
+
+    job_config, *_ = _job(DEBUG_CONFIG)
+    schedule = SimpleNamespace(segment_plan=SimpleNamespace(lengths=(16, 16, 16, 16)))
+    below, above = (
+        run_summary(job_config, schedule, 1, 300, [loss]) for loss in (3.0, 4.0)
+    )
+    assert below[0] == "Seq1F1B: trained steps 1-300; loss 3.0000 (mean of the last 1 logged steps)"
+    assert "no model that cannot attend to earlier segments gets below loss 3.9009" in below[1]
+    assert below[2] == "achieved loss 3.0000 is 0.9009 below it: the model attends across segments"
+    assert above[2] == "achieved loss 4.0000 is not below it yet: train longer"
+    assert run_summary(job_config, schedule, 301, 302, []) == [
+        "Seq1F1B: trained steps 301-302; no loss was logged"
+    ]
+    assert run_summary(job_config, None, None, 300, [])[0].startswith(
+        "Seq1F1B: no step trained: the run resumed at step 300 from "
+        "./outputs/debug_seq1f1b/checkpoint and training.steps = 300; raise --training.steps"
+    )
+    job_config.training.seq_len = 128
+    assert "no bound for doc_tokens=65 at seq_len=128" in run_summary(
+        job_config, schedule, 1, 2, [4.0]
+    )[1]

@@ -5,7 +5,10 @@
 
 Point ``[job] custom_config_module`` at this module; every key is then also a
 ``--seq1f1b.<key>`` command-line flag. The section is read only when
-``[parallelism] pipeline_parallel_schedule = "Seq1F1B"``.
+``[parallelism] pipeline_parallel_schedule`` is one of the Seq1F1B schedules:
+"Seq1F1B", "InterleavedSeq1F1B", "Seq1F1BZeroBubble" or "Seq1F1BZBV". A key
+that is not below fails while torchtitan parses the config, naming the
+closest valid one.
 """
 
 from dataclasses import dataclass, field

@@ -319,6 +319,13 @@ def _model_from_args(args) -> tuple[ModelShape, int]:
     return MODEL_PRESETS[args.model], args.seq_len
 
 
+def _describe(model: ModelShape, seq_len: int) -> str:
+    return (
+        f"model {model.name} (dim {model.dim}, {model.n_layers} layers, {model.n_heads} "
+        f"heads, {model.n_kv_heads} K/V heads), seq_len {seq_len}"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torchtitan_seq1f1b.plot",
@@ -329,8 +336,11 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--output", "-o", required=True, help="PNG file to write")
     common.add_argument("--bench", metavar="JSON", help="records of bench --json")
     common.add_argument("--model", default="bench", choices=["bench", *sorted(MODEL_PRESETS)],
-                        help="simulated model: the bench's default model or a preset")
-    common.add_argument("--seq-len", type=int, help="tokens per sequence (default: the bench's)")
+                        help="simulated model: a preset, or (default) the CPU benchmark's "
+                             "model (dim 256, 8 layers, 8 heads, 2 K/V heads)")
+    common.add_argument("--seq-len", type=int,
+                        help=f"tokens per sequence (default {FULL_PRESET.seq_len} for "
+                             "--model bench; required for a preset)")
     common.add_argument("--pp", type=int, default=2, help="pipeline ranks (default 2)")
     common.add_argument("--microbatches", "-m", type=int, help="microbatches (default 2)")
 
@@ -362,15 +372,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             pp = records[0]["pp"]
         else:
             (model, seq_len), pp = _model_from_args(args), args.pp
+        print(f"{'measured' if records else 'simulated'}: {_describe(model, seq_len)}, "
+              f"pp {pp}, m {args.microbatches or 2}")
         if args.chart == "timeline":
             if records:
                 data = measured_actions(_pick_record(parser, records, args))
             else:
-                data = simulated_actions(SimConfig(
+                config = SimConfig(
                     model=model, seq_len=seq_len, pp=pp, microbatches=args.microbatches or 2,
                     segments=args.segments or 4, schedule=args.schedule, v=args.v,
                     partition=args.partition or "balanced", memory=memory_model(),
-                ))
+                )
+                print(f"{config.schedule}, k {config.num_segments} ({config.partition}), "
+                      f"v {config.v}")
+                data = simulated_actions(config)
             plot_timeline(data, args.output)
         else:
             plot_sweep(model, seq_len, pp, args.microbatches or 2, args.output,

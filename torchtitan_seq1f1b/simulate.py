@@ -927,6 +927,24 @@ def _schedule_names(text: str) -> list[str]:
     )
 
 
+DEFAULT_SHAPE = {"model": "llama3-8b", "seq_len": 32768, "pp": 4, "microbatches": 8}
+"""What runs without options: train_configs/llama3_8b_32k_seq1f1b.toml's shape."""
+
+TABLE_LEGEND = """\
+columns:
+  v, k        stages per rank, segments per microbatch
+  makespan    one step's simulated time, in forwards of one microbatch on one rank
+  bubble      idle fraction of all ranks over the makespan, with FLOP-priced units
+  equal-cost  the same order's bubble when every unit costs the same (F = 1/(k v),
+              B = 2F): the schedule's own bubble, without the segment cost imbalance
+  analytic    the closed form of equal-cost where one is exact, e.g. (p-1)/(v m k + p-1)
+              for the 1F1B family; '-' where none is
+  peak GiB    model states + activations + K/V store held at once, per rank (bf16;
+              the memory model options below and the module docstring say what counts)
+  (...)       rank 0's peak activations in whole microbatches: p for 1F1B,
+              (p + k - 1) / k for uniform Seq1F1B"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torchtitan_seq1f1b.simulate",
@@ -935,11 +953,16 @@ def _parser() -> argparse.ArgumentParser:
             "variants, torch's 1F1B, GPipe, Interleaved1F1B, LoopedBFS, ZBVZeroBubble) and "
             "per-rank peak memory from the exact action orders the schedules run. Times are "
             "in forwards of one whole microbatch over one rank's share of the model; "
-            "backward = 2 x forward."
+            "backward = 2 x forward. Without options it simulates "
+            f"--model {DEFAULT_SHAPE['model']} --seq-len {DEFAULT_SHAPE['seq_len']} "
+            f"--pp {DEFAULT_SHAPE['pp']} -m {DEFAULT_SHAPE['microbatches']} -k 4; the table "
+            "ends with a legend of its columns."
         ),
     )
     model = parser.add_argument_group("model (a preset, or explicit dims)")
-    model.add_argument("--model", choices=sorted(MODEL_PRESETS), help="named model shape")
+    model.add_argument("--model", choices=sorted(MODEL_PRESETS),
+                       help=f"named model shape (default {DEFAULT_SHAPE['model']} unless "
+                            "--layers/--dim/--heads are given)")
     for flag, help_text in (
         ("--layers", "transformer blocks"),
         ("--dim", "model width"),
@@ -953,11 +976,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="SwiGLU MLP (explicit dims only; default on)")
 
     run = parser.add_argument_group("parallelism and schedule")
-    run.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
-    run.add_argument("--pp", type=positive_int, help="pipeline ranks")
+    run.add_argument("--seq-len", type=positive_int,
+                     help=f"tokens per sequence (default {DEFAULT_SHAPE['seq_len']})")
+    run.add_argument("--pp", type=positive_int,
+                     help=f"pipeline ranks (default {DEFAULT_SHAPE['pp']})")
     run.add_argument("--tp", type=positive_int, default=1, help="tensor parallel degree")
     run.add_argument("--dp", type=positive_int, default=1, help="data parallel degree")
-    run.add_argument("--microbatches", "-m", type=positive_int, help="microbatches per step")
+    run.add_argument("--microbatches", "-m", type=positive_int,
+                     help=f"microbatches per step (default {DEFAULT_SHAPE['microbatches']})")
     run.add_argument("--segments", "-k", type=positive_int, default=4,
                      help="segments per microbatch of the Seq1F1B schedules (torch's use 1)")
     run.add_argument("--chunks", "-v", "--v", type=positive_int, default=None,
@@ -999,16 +1025,18 @@ def _parser() -> argparse.ArgumentParser:
 def _model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelShape:
     dims = {"--layers": args.layers, "--dim": args.dim, "--heads": args.heads}
     extras = (args.kv_heads, args.ffn_dim, args.vocab, args.gated_mlp)
-    if args.model is not None:
-        if any(v is not None for v in (*dims.values(), *extras)):
+    explicit = any(v is not None for v in (*dims.values(), *extras))
+    if args.model is not None or not explicit:
+        if explicit:
             parser.error(
                 "give either --model or explicit dims (--layers/--dim/--heads...), not both"
             )
-        return get_preset(args.model)
+        return get_preset(args.model or DEFAULT_SHAPE["model"])
     missing = [flag for flag, value in dims.items() if value is None]
     if missing:
         parser.error(
-            f"give --model or all of --layers, --dim, --heads (missing {', '.join(missing)})"
+            f"explicit dims need all of --layers, --dim, --heads (missing "
+            f"{', '.join(missing)}), or use --model (one of {', '.join(sorted(MODEL_PRESETS))})"
         )
     try:
         return ModelShape(
@@ -1048,10 +1076,9 @@ def _configs_from_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> list[SimConfig]:
     model = _model_from_args(parser, args)
-    missing = [flag for flag, value in (("--seq-len", args.seq_len), ("--pp", args.pp),
-                                        ("--microbatches", args.microbatches)) if value is None]
-    if missing:
-        parser.error(f"missing required option(s): {', '.join(missing)}")
+    for option in ("seq_len", "pp", "microbatches"):
+        if getattr(args, option) is None:
+            setattr(args, option, DEFAULT_SHAPE[option])
     memory = MemoryModel(
         sequence_parallel=args.sequence_parallel,
         attention=args.attention,
@@ -1102,6 +1129,7 @@ def _print_results(results: list[SimResult]) -> None:
         )
         if r.config.num_segments > 1:
             print(f"{'':<{width}} segment lengths {list(r.segment_lengths)}")
+    print(TABLE_LEGEND)
 
 
 def _print_paper(records: list[dict]) -> None:

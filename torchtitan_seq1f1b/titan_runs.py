@@ -22,6 +22,8 @@ DEBUG_CONFIG = REPO / "train_configs" / "debug_seq1f1b.toml"
 # path autocasts to bf16 otherwise, which the PP path does not.
 TEST_ARGS = (
     "--training.seq_len", "128",
+    "--training.local_batch_size", "4",
+    "--parallelism.pipeline_parallel_microbatch_size", "2",
     "--training.steps", "6",
     "--training.mixed_precision_param", "float32",
     "--lr_scheduler.warmup_steps", "2",

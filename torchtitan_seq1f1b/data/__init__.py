@@ -7,7 +7,9 @@ from torchtitan_seq1f1b.data.make_tokenizer import TOKENIZER_DIR, VOCAB_SIZE
 from torchtitan_seq1f1b.data.recall import (
     RecallSpec,
     dependent_mask,
+    full_attention_bound,
     load_recall,
+    no_cross_segment_bound,
     recall_document,
 )
 from torchtitan_seq1f1b.data.register import (
@@ -22,7 +24,9 @@ __all__ = [
     "VOCAB_SIZE",
     "RecallSpec",
     "dependent_mask",
+    "full_attention_bound",
     "load_recall",
+    "no_cross_segment_bound",
     "recall_document",
     "register_datasets",
     "resolve_hf_assets_path",

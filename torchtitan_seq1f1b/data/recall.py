@@ -24,7 +24,9 @@ index column), so loading is instant at any size, row i is the same document
 whatever the corpus size or DP sharding, and resuming at ``sample_idx`` works.
 """
 
+import math
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -36,7 +38,9 @@ from torchtitan_seq1f1b.data.make_tokenizer import BOS_ID, EOS_ID, RECALL, RECAL
 __all__ = [
     "RecallSpec",
     "dependent_mask",
+    "full_attention_bound",
     "load_recall",
+    "no_cross_segment_bound",
     "recall_document",
     "sample_text",
 ]
@@ -161,3 +165,60 @@ def dependent_mask(labels: torch.Tensor) -> torch.Tensor:
             first_visible = max(1, n + 1 - s)
             mask[row, s + first_visible : min(s + n + 1, len(y))] = True
     return mask
+
+
+def _label_losses(spec: RecallSpec, segment_starts: Sequence[int]) -> list[float]:
+    """Lowest expected loss (nats) of every label of an aligned window for a
+    model that sees the inputs from the start of the label's segment onwards.
+
+    The window is ``bos w_1 .. w_n <recall> w_1 .. w_n eos``; inputs are its
+    first ``2n + 2`` tokens, labels the last. The model is granted the
+    generator, the label's absolute position and every visible input, so the
+    bound holds for any model that cannot attend to earlier segments. The n
+    words are a uniform sample without replacement from the pool, so given
+    the visible (distinct) words, an unseen word is uniform over the others:
+    ``ln(words - visible)``. A copied word whose source is visible, the marker
+    and the EOS cost nothing.
+    """
+    n, pool = spec.half_words, spec.words
+    losses = []
+    for t in range(2 * n + 2):
+        start = max(s for s in segment_starts if s <= t)
+        if t < n:  # label w_{t+1}; visible words: inputs max(start, 1)..t
+            losses.append(math.log(pool - max(0, t - max(start, 1) + 1)))
+        elif t in (n, 2 * n + 1):  # <recall>, eos
+            losses.append(0.0)
+        else:  # label w_i, i = t - n, copied from input i
+            i = t - n
+            if i >= start:
+                losses.append(0.0)
+                continue
+            first_half_seen = max(0, n - max(start, 1) + 1)
+            second_half_seen = max(0, i - max(1, start - n - 1))
+            losses.append(math.log(pool - first_half_seen - second_half_seen))
+    return losses
+
+
+def no_cross_segment_bound(spec: RecallSpec, segment_lengths: Sequence[int]) -> float:
+    """Lowest mean loss per label (nats) on this corpus for any model that cannot
+    attend to earlier segments of its window, cut as ``segment_lengths``.
+
+    Windows must hold one document each (``sum(segment_lengths) + 1 ==
+    spec.doc_tokens``, i.e. ``doc_tokens = seq_len + 1``), as torchtitan packs
+    them then. The mean loss of torchtitan's training log is per label, so the
+    two compare directly.
+    """
+    seq_len = sum(segment_lengths)
+    if seq_len + 1 != spec.doc_tokens:
+        raise ValueError(
+            f"the bound needs one document per window: doc_tokens={spec.doc_tokens} "
+            f"must be seq_len + 1 = {seq_len + 1}"
+        )
+    starts = [sum(segment_lengths[:j]) for j in range(len(segment_lengths))]
+    return math.fsum(_label_losses(spec, starts)) / seq_len
+
+
+def full_attention_bound(spec: RecallSpec) -> float:
+    """Lowest mean loss per label (nats) on aligned windows for any model: the
+    first half's words, whatever the model sees; copies, marker and EOS free."""
+    return no_cross_segment_bound(spec, [spec.doc_tokens - 1])

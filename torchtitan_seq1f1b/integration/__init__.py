@@ -6,9 +6,11 @@
 ``install()`` runs when the package is imported inside a torchtitan job
 (``[experimental] custom_import`` or ``[job] custom_config_module``):
 
+- torchtitan's config parsing names the valid ``[seq1f1b]`` keys and schedule
+  names, with the closest one, when a job misspells them;
 - the llama3 train spec gets :func:`pipeline_llm_seq1f1b` as its pipelining
-  function (every schedule name but "Seq1F1B", "InterleavedSeq1F1B" and
-  "Seq1F1BZeroBubble" still goes to torchtitan's own)
+  function (every schedule name but "Seq1F1B", "InterleavedSeq1F1B",
+  "Seq1F1BZeroBubble" and "Seq1F1BZBV" still goes to torchtitan's own)
   and a metrics processor with Seq1F1B's figures;
 - the trainer hands its global valid-token count to the schedule;
 - the shipped dataset is registered, and a TOML's repo-relative path to the
@@ -23,6 +25,7 @@ from torchtitan.config import JobConfig
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
 from torchtitan_seq1f1b.data import register_datasets, resolve_hf_assets_path
+from torchtitan_seq1f1b.integration.config_checks import install_config_checks
 from torchtitan_seq1f1b.integration.cpu import enable_cpu_training
 from torchtitan_seq1f1b.integration.metrics import build_seq1f1b_metrics_processor
 from torchtitan_seq1f1b.integration.pipeline import pipeline_llm_seq1f1b, SCHEDULES
@@ -35,6 +38,7 @@ MODEL_NAMES = ("llama3",)
 
 def install() -> None:
     """Idempotent; see the module docstring."""
+    install_config_checks()
     enable_cpu_training()
     register_datasets()
     for name in MODEL_NAMES:

@@ -1,0 +1,105 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Every command README.md and docs/*.md show works as written.
+
+Commands are the lines of code blocks, and inline code spans with arguments,
+that run ``torchrun``, ``python -m torchtitan_seq1f1b...`` or ``python -m
+pytest``. The set-up part of the README's one-liners (venv, pip) is left out.
+Long commands run at smoke size, changed only as ``smoke`` says; outputs go
+to a scratch directory holding copies of docs/ and train_configs/.
+"""
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.titan import REPO
+
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+RUNNERS = ("torchrun ", "python -m torchtitan_seq1f1b", "python -m pytest")
+SET_UP = ("python3 -m venv", ". .venv/bin/activate", "pip install")
+
+
+def _without_set_up(line: str) -> str:
+    return " && ".join(p for p in line.split(" && ") if not p.strip().startswith(SET_UP))
+
+
+def documented_commands() -> list[str]:
+    commands = []
+    for document in DOCUMENTS:
+        text = document.read_text()
+        fenced = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.M | re.S)
+        indented = re.findall(r"(?:^    \S[^\n]*\n)+", text, flags=re.M)
+        lines = [line.strip() for block in fenced + indented for line in block.splitlines()]
+        inline = [
+            " ".join(span.split())
+            for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+        ]
+        inline = [s for s in inline if s.startswith(RUNNERS[1]) and len(s.split()) > 3]
+        for line in lines + inline:
+            command = _without_set_up(line)
+            if command.startswith(RUNNERS) and command not in commands:
+                commands.append(command)
+    return commands
+
+
+def smoke(command: str, scratch) -> list[str]:
+    """argv of ``command`` at smoke size.
+
+    torchrun jobs: 2 steps into the scratch dump folder; benchmark: --quick,
+    1 step, two schedules unless others are named; pytest: collection only
+    (running the suite from inside it would recurse).
+    """
+    argv = shlex.split(command, comments=True)
+    if argv[0] == "torchrun":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--rdzv_backend", "c10d",
+                "--rdzv_endpoint", "localhost:0", *argv[1:],
+                "--training.steps", "2", "--job.dump_folder", str(scratch / "outputs")]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    module = argv[2]
+    if module == "torchtitan_seq1f1b.bench":
+        if "--steps" in argv:
+            argv[argv.index("--steps") + 1] = "1"
+        argv += ["--steps", "1"] * ("--steps" not in argv) + ["--quick"] * ("--quick" not in argv)
+        argv += ["--schedules", "1F1B", "Seq1F1B"] * ("--schedules" not in argv)
+    if module == "pytest":
+        argv.append("--collect-only")
+    return argv
+
+
+def test_the_readme_and_docs_show_the_main_commands():
+    commands = documented_commands()
+    assert commands[0].startswith("torchrun --nproc_per_node 2 -m torchtitan.train")
+    assert commands[1] == "python -m pytest tests -q"
+    assert "python -m torchtitan_seq1f1b.simulate --schedule all" in commands
+    assert smoke("python -m torchtitan_seq1f1b.bench --steps 9 -m 2", REPO)[2:] == [
+        "torchtitan_seq1f1b.bench", "--steps", "1", "-m", "2", "--quick",
+        "--schedules", "1F1B", "Seq1F1B",
+    ]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("docs")
+    shutil.copytree(REPO / "docs", folder / "docs")
+    (folder / "train_configs").symlink_to(REPO / "train_configs")
+    (folder / "tests").symlink_to(REPO / "tests")
+    return folder
+
+
+@pytest.mark.parametrize("command", documented_commands())
+def test_documented_command_works_as_written(command, scratch):
+    result = subprocess.run(
+        smoke(command, scratch), cwd=scratch, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=300,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout[-4000:]}"
+    if command.startswith("torchrun"):
+        assert "Seq1F1B: trained steps 1-2" in result.stdout
+        assert "loss: -1" not in result.stdout and "LOG_RANK" not in result.stdout
