@@ -64,13 +64,15 @@ def torchrun(
     config: Path = DEBUG_CONFIG,
     timeout: float = 400,
 ) -> Run:
-    """``torchrun -m torchtitan.train`` on the debug config plus ``args``; raises
+    """``torchrun -m torchtitan.train`` on the debug config plus ``args``, with
+    every backward on a fresh thread (:mod:`tests.device_thread`); raises
     :class:`RunFailed` with the output on a non-zero exit."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc),
         "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-        "-m", "torchtitan.train",
+        # Every backward on a fresh thread, as CUDA's autograd device thread runs it.
+        "-m", "tests.device_thread", "torchtitan.train",
         "--job.config_file", str(config),
         "--job.dump_folder", str(dump_folder),
         *args,
