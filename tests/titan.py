@@ -63,16 +63,17 @@ def torchrun(
     *args: str,
     config: Path = DEBUG_CONFIG,
     timeout: float = 400,
+    launcher: tuple[str, ...] = ("tests.device_thread",),
 ) -> Run:
     """``torchrun -m torchtitan.train`` on the debug config plus ``args``, with
-    every backward on a fresh thread (:mod:`tests.device_thread`); raises
-    :class:`RunFailed` with the output on a non-zero exit."""
+    every backward on a fresh thread: ``launcher`` (module and its arguments,
+    :mod:`tests.device_thread` or :mod:`tests.broken_titan`) runs torchtitan.
+    Raises :class:`RunFailed` with the output on a non-zero exit."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc),
         "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-        # Every backward on a fresh thread, as CUDA's autograd device thread runs it.
-        "-m", "tests.device_thread", "torchtitan.train",
+        "-m", *launcher, "torchtitan.train",
         "--job.config_file", str(config),
         "--job.dump_folder", str(dump_folder),
         *args,
