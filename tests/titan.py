@@ -63,22 +63,24 @@ def torchrun(
     *args: str,
     config: Path = DEBUG_CONFIG,
     timeout: float = 400,
-    launcher: tuple[str, ...] = ("tests.device_thread",),
+    extra_env: dict[str, str] | None = None,
 ) -> Run:
     """``torchrun -m torchtitan.train`` on the debug config plus ``args``, with
-    every backward on a fresh thread: ``launcher`` (module and its arguments,
-    :mod:`tests.device_thread` or :mod:`tests.broken_titan`) runs torchtitan.
-    Raises :class:`RunFailed` with the output on a non-zero exit."""
+    every backward on a fresh thread (:mod:`tests.device_thread`) and
+    ``extra_env`` added to the environment; raises :class:`RunFailed` with the
+    output on a non-zero exit."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc),
         "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-        "-m", *launcher, "torchtitan.train",
+        # Every backward on a fresh thread, as CUDA's autograd device thread runs it.
+        "-m", "tests.device_thread", "torchtitan.train",
         "--job.config_file", str(config),
         "--job.dump_folder", str(dump_folder),
         *args,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", LOG_RANK=",".join(map(str, range(nproc))))
+    env.update(extra_env or {})
     result = subprocess.run(
         command,
         cwd=REPO,
