@@ -4,6 +4,8 @@
 """The CPU benchmark: a --quick run's records, and bad options rejected before any spawn.
 
 Timings depend on the machine; only their shape and sanity are checked here.
+Memory is exact: measured ratios must follow the simulator's, and with k = 1
+Seq1F1B must hold what torch's schedule with the same order holds.
 """
 
 import json
@@ -48,8 +50,36 @@ def test_quick_seq1f1b_holds_less_on_rank_0_than_1f1b(quick_records):
     assert seq1f1b["peak_activation_bytes"][0] < one_f_one_b["peak_activation_bytes"][0]
     assert seq1f1b["peak_kv_store_bytes"][0] > 0
     assert one_f_one_b["peak_activation_ratio"] == 1.0
-    # The simulator models these schedules: its ratios ride along.
     assert 0 < seq1f1b["predicted"]["peak_activation_ratio"] < 1
+
+
+# measured / predicted rank-0 activation ratio (both against 1F1B), per
+# placement. The simulator counts Korthikanti's bf16 per-token constants and
+# the bench fp32 tensors; at --quick size it measured 0.92 for every loop-placed
+# k=4 row and 1.0 at k=1, and over-predicts the V (rank 0 holds the embedding,
+# the LM head and the loss): 0.88 for ZBVZeroBubble, 0.79 and 0.77 for
+# Seq1F1BZBV k=1 and k=4.
+PREDICTION_BOUNDS = {"loop": (0.85, 1.05), "v": (0.7, 1.0)}
+
+
+def test_measured_memory_ratios_follow_the_simulator(quick_records):
+    for record in quick_records:
+        assert record["predicted"] is not None, record["label"]
+        measured = record["peak_activation_ratio"]
+        predicted = record["predicted"]["peak_activation_ratio"]
+        low, high = PREDICTION_BOUNDS[record["placement"]]
+        assert low <= measured / predicted <= high, (record["label"], measured, predicted)
+
+
+@pytest.mark.parametrize(
+    "seq1f1b,torch_schedule", [("Seq1F1B", "1F1B"), ("InterleavedSeq1F1B", "Interleaved1F1B")]
+)
+def test_k1_holds_what_torch_holds_with_the_same_order(quick_records, seq1f1b, torch_schedule):
+    """With k = 1 the K/V store holds the K/V attention would have saved: every
+    rank's measured peak (saved tensors + store) equals torch's to the byte."""
+    k1, reference = _row(quick_records, seq1f1b), _row(quick_records, torch_schedule)
+    assert all(kv > 0 for kv in k1["peak_kv_store_bytes"])
+    assert k1["peak_activation_bytes"] == reference["peak_activation_bytes"]
 
 
 def test_seq1f1b_k1_runs_the_same_order_as_1f1b(quick_records):
@@ -61,7 +91,6 @@ def test_seq1f1b_k1_runs_the_same_order_as_1f1b(quick_records):
         for rank in (0, 1)
     ]
     assert per_rank[:2] == per_rank[2:]
-    assert k1["peak_saved_tensor_bytes"][0] < one_f_one_b["peak_activation_bytes"][0]
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,15 @@
 """ScheduleSeq1F1B against unsplit, non-pipelined training, in float64.
 
 Every case runs one training step and one eval() of a small llama-style
-transformer on pp gloo ranks and compares gradients, per-microbatch losses and
-logits with a single-process, unsplit reference (rtol 1e-10).
+transformer on pp gloo ranks and compares gradients, each microbatch's loss
+and logits with a single-process, unsplit reference (rtol 1e-10), and each
+stage's K/V store peak with the bytes its compute order must hold.
+
+Grid: k in 1..4 x m in 1..3 x uniform and balanced plans x MHA and GQA x
+activation checkpointing "none" and "full" (the full product); plus a slice
+for the other checkpointing modes: "selective_layer" and "selective_op" each
+on the balanced plans (k, m) = (2, 3) MHA, (3, 2) GQA and (4, 1) MHA. Every
+backward runs on a fresh thread (``Case.device_thread``).
 """
 
 import itertools
@@ -14,9 +21,21 @@ import pytest
 import torch
 
 from torchtitan_seq1f1b import SegmentPlan
-from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs
+from torchtitan_seq1f1b.examples.tiny_transformer import (
+    ACTIVATION_CHECKPOINT_MODES,
+    TinyTransformerArgs,
+)
 
-from tests.harness import Case, pipelined, pipelined_cases, reference, run_ranks
+from tests.harness import (
+    Case,
+    expected_kv_peak_bytes,
+    pipelined,
+    pipelined_broken,
+    pipelined_cases,
+    reference,
+    run_ranks,
+    worst_relative_grad_error,
+)
 
 SEQ_LEN = 30  # balanced plans of the tiny model are uneven from here on
 RTOL, ATOL = 1e-10, 1e-14
@@ -35,6 +54,11 @@ def _cases() -> list[Case]:
         (1, 2, 3, 4), (1, 2, 3), ("uniform", "balanced"), (4, 2), ("none", "full")
     ):
         plan = _plan(partition, k, n_kv_heads)
+        cases.append(Case(m, plan.lengths, n_kv_heads=n_kv_heads, activation_checkpoint=ac))
+    for ac, (k, m, n_kv_heads) in itertools.product(
+        ("selective_layer", "selective_op"), ((2, 3, 4), (3, 2, 2), (4, 1, 4))
+    ):
+        plan = _plan("balanced", k, n_kv_heads)
         cases.append(Case(m, plan.lengths, n_kv_heads=n_kv_heads, activation_checkpoint=ac))
     # The same plan can come from both partitions; run it once.
     return list(dict.fromkeys(cases))
@@ -61,6 +85,11 @@ def test_grid_covers_uneven_plans():
     assert {len(c.lengths) for c in uneven} >= {2, 3, 4}
 
 
+def test_grid_covers_every_checkpointing_mode_with_mha_and_gqa():
+    covered = {(c.activation_checkpoint, c.n_kv_heads) for c in CASES if len(c.lengths) > 1}
+    assert covered == set(itertools.product(ACTIVATION_CHECKPOINT_MODES, (4, 2)))
+
+
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_matches_unsplit_reference(pipeline_runs, case):
     pp, runs = pipeline_runs
@@ -77,7 +106,8 @@ def test_matches_unsplit_reference(pipeline_runs, case):
 
     last = ranks[-1]
     assert len(last["losses"]) == case.n_microbatches
-    torch.testing.assert_close(sum(last["losses"]), ref["loss_sum"], rtol=RTOL, atol=0)
+    for microbatch, (loss, expected) in enumerate(zip(last["losses"], ref["loss_sums"])):
+        torch.testing.assert_close(loss, expected, rtol=RTOL, atol=0, msg=f"microbatch {microbatch}")
     torch.testing.assert_close(last["logits"], ref["logits"], rtol=RTOL, atol=ATOL)
 
     chunk_lens = [[n] for n in case.lengths] * case.n_microbatches
@@ -87,8 +117,8 @@ def test_matches_unsplit_reference(pipeline_runs, case):
         assert [r for r in rank["recv_lens"] if r] == expected, "receive buffers not per segment"
         assert rank["kv_left_after_step"] == 0, "K/V of a microbatch outlived its backward"
         assert rank["kv_left_after_eval"] == 0, "eval() left K/V behind"
-        if len(case.lengths) > 1:
-            assert rank["kv_peak_bytes"] > 0
+        for stage, peak in rank["kv_peak_bytes"].items():
+            assert peak == expected_kv_peak_bytes(case, rank["segment_order"], stage, pp), stage
 
 
 def test_external_loss_normalizer_scales_gradients():
@@ -103,31 +133,15 @@ def test_external_loss_normalizer_scales_gradients():
             torch.testing.assert_close(
                 grad * 3.0, ref["grads"][name], rtol=RTOL, atol=ATOL, msg=name
             )
-    torch.testing.assert_close(sum(ranks[-1]["losses"]), ref["loss_sum"], rtol=RTOL, atol=0)
+    for loss, expected in zip(ranks[-1]["losses"], ref["loss_sums"]):
+        torch.testing.assert_close(loss, expected, rtol=RTOL, atol=0)
 
 
-def _broken_pipeline(rank, world_size, case, broken):
-    """The pipeline with one half of the cross-segment machinery switched off."""
-    from torchtitan_seq1f1b import kv_store
-
-    if broken == "prefix_grads":
-        kv_store._PrefixBuffers.take_grads = (
-            lambda self, start, end, gk, gv: (gk[:, start:end], gv[:, start:end])
-        )
-    else:
-        kv_store.KVStore.attach = lambda self, layer, k, v: (k, v)
-    return pipelined_cases(rank, world_size, [case])[0]
-
-
-@pytest.mark.parametrize("broken", ["prefix_grads", "prefix_attention"])
-def test_reference_comparison_catches_broken_segment_attention(broken):
+def test_reference_comparison_catches_broken_segment_attention():
     """Negative control: the comparison above fails when segments stop seeing each other."""
     case = Case(2, (12, 10, 8))
     ref = reference(case)
-    ranks = run_ranks(_broken_pipeline, 2, case, broken, timeout=300)
-    worst = max(
-        ((g - ref["grads"][n]).abs().max() / ref["grads"][n].abs().max()).item()
-        for rank in ranks
-        for n, g in rank["grads"].items()
-    )
-    assert worst > 1e-3
+    breaks = ("prefix_grads", "prefix_attention")
+    per_rank = run_ranks(pipelined_broken, 2, [(case, b) for b in breaks], timeout=300)
+    for i, what in enumerate(breaks):
+        assert worst_relative_grad_error([rank[i] for rank in per_rank], ref) > 1e-3, what

@@ -57,6 +57,7 @@ class Case:
     device_thread: bool = True
     device: str = "cpu"
     """"cpu", or "cuda": rank r runs on GPU r, the reference on GPU 0."""
+    dtype: torch.dtype = torch.float64
 
     @property
     def plan(self) -> SegmentPlan:
@@ -75,9 +76,9 @@ class Case:
         return torch.device(self.device, rank) if self.device == "cuda" else torch.device("cpu")
 
     def model(self, device: torch.device | str = "cpu") -> TinyTransformer:
-        """float64 weights, the same on every device (initialised on the CPU)."""
+        """``dtype`` weights, the same on every device (initialised on the CPU)."""
         torch.manual_seed(0)
-        return TinyTransformer(self.model_args).double().to(device)
+        return TinyTransformer(self.model_args).to(device=device, dtype=self.dtype)
 
     def batch(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, target: (n_microbatches * microbatch_size, seq_len); some targets ignored."""
@@ -94,16 +95,28 @@ def _host(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to("cpu", copy=True)
 
 
-def reference(case: Case) -> dict:
-    """Unsplit, non-pipelined loss, gradients and logits in one process."""
+def reference(case: Case, dtype: torch.dtype | None = None) -> dict:
+    """Unsplit, non-pipelined loss, gradients and logits in one process.
+
+    ``dtype``: compute in it instead of ``case.dtype``, from the same
+    weights (a bf16 case's weights, exactly, in float64).
+    ``loss_sums``: the summed token losses of each microbatch (rows
+    ``i * microbatch_size`` to ``(i + 1) * microbatch_size``), what the
+    schedules report per microbatch.
+    """
     device = case.rank_device(0)
-    model = case.model(device)
+    model = case.model(device).to(dtype or case.dtype)
     tokens, target = case.batch(device)
     logits = model(tokens)
     loss_sum = token_sum_cross_entropy(logits, target)
     (loss_sum / (target != -100).sum()).backward()
+    rows = case.microbatch_size
     return {
         "loss_sum": _host(loss_sum),
+        "loss_sums": [
+            _host(token_sum_cross_entropy(logits[i : i + rows], target[i : i + rows]))
+            for i in range(0, logits.shape[0], rows)
+        ],
         "grads": {n: _host(p.grad) for n, p in model.named_parameters()},
         "logits": _host(logits),
     }
@@ -158,7 +171,8 @@ def pipelined(
         "grads": {n: _host(p.grad) for part in parts for n, p in part.named_parameters()},
         "losses": [_host(loss) for loss in losses],
         "kv_left_after_step": sum(len(store) for store in stores),
-        "kv_peak_bytes": max(store.peak_bytes for store in stores),
+        "kv_peak_bytes": {i: store.peak_bytes for i, store in zip(indices, stores)},
+        "segment_order": schedule.segment_order,
         # Sequence length of every chunk's activation and gradient receive buffer.
         "recv_lens": [
             [info.buffer.shape[1] for info in infos if info.buffer is not None]

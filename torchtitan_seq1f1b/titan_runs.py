@@ -69,19 +69,28 @@ def torchrun(
     *args: str,
     config: Path = DEBUG_CONFIG,
     timeout: float = 400,
+    extra_env: dict[str, str] | None = None,
+    device_thread: bool = True,
 ) -> Run:
-    """``torchrun -m torchtitan.train`` on the debug config plus ``args``; raises
-    :class:`RunFailed` with the output on a non-zero exit."""
+    """``torchrun -m torchtitan.train`` on the debug config plus ``args``, with
+    ``extra_env`` added to the environment; raises :class:`RunFailed` with the
+    output on a non-zero exit.
+
+    ``device_thread``: every backward on a fresh thread
+    (:mod:`torchtitan_seq1f1b.device_thread`), as CUDA's autograd runs it.
+    """
+    train = ["torchtitan_seq1f1b.device_thread"] * device_thread + ["torchtitan.train"]
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc),
         "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-        "-m", "torchtitan.train",
+        "-m", *train,
         "--job.config_file", str(config),
         "--job.dump_folder", str(dump_folder),
         *args,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", LOG_RANK=",".join(map(str, range(nproc))))
+    env.update(extra_env or {})
     result = subprocess.run(
         command,
         cwd=REPO,

@@ -1,0 +1,27 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""One part of Seq1F1B broken inside a torchtitan job, as a negative control.
+
+Used as the job's ``--experimental.custom_import tests.broken_titan`` (in
+place of ``torchtitan_seq1f1b``, which the job's custom_config_module has
+imported and installed by then), with ``SEQ1F1B_BREAK`` set to one of:
+
+- "segment_attention": every segment attends to its own tokens only;
+- "normalizer": gradients are divided by one token more than the step's count.
+"""
+
+import os
+
+from torchtitan_seq1f1b.kv_store import KVStore
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+
+BREAK = os.environ["SEQ1F1B_BREAK"]
+
+if BREAK == "segment_attention":
+    KVStore.attach = lambda self, layer, k, v: (k, v)
+elif BREAK == "normalizer":
+    _normalizer_for = ScheduleSeq1F1B._normalizer_for
+    ScheduleSeq1F1B._normalizer_for = lambda self, target: _normalizer_for(self, target) + 1
+else:
+    raise ValueError(f"SEQ1F1B_BREAK={BREAK!r}: use segment_attention or normalizer")
