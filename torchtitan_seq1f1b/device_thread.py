@@ -74,4 +74,9 @@ if __name__ == "__main__":
     install()
     module = sys.argv[1]
     sys.argv = sys.argv[1:]
+    # Launching through this module imported the package before torchtitan, so
+    # its __init__ did not hook into torchtitan; forgetting the package (not its
+    # submodules) lets the job's custom_import run __init__ again, inside the
+    # trainer, as it would without this launcher.
+    del sys.modules["torchtitan_seq1f1b"]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
