@@ -21,6 +21,7 @@ from torchtitan_seq1f1b.attention_backends import (
     KernelTarget,
     TorchFlashBackend,
 )
+from torchtitan_seq1f1b.check.kernels import reference_attention as naive_attention
 from torchtitan_seq1f1b.kernels.cuda_flash import lower_right_causal_attention_flash
 from torchtitan_seq1f1b.kernels.cuda_mem_efficient import lower_right_causal_attention_cuda
 
@@ -31,21 +32,6 @@ __all__ = [
     "naive_attention",
     "stand_in_backend",
 ]
-
-
-def naive_attention(q, k, v, scale):
-    """Bottom-right causal attention, (B, Lq, H, D) x (B, Lk, Hkv, D) -> (B, Lq, H, D)."""
-    _, q_len, n_heads, head_dim = q.shape
-    k_len, n_kv = k.shape[1], k.shape[2]
-    assert k_len >= q_len and n_heads % n_kv == 0
-    scale = 1 / math.sqrt(head_dim) if scale is None else scale
-    k = k.repeat_interleave(n_heads // n_kv, dim=2)
-    v = v.repeat_interleave(n_heads // n_kv, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    query_pos = torch.arange(q_len).unsqueeze(1) + (k_len - q_len)
-    masked = torch.arange(k_len).unsqueeze(0) > query_pos  # (Lq, Lk)
-    scores = scores.masked_fill(masked.to(scores.device), float("-inf"))
-    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), v)
 
 
 def _naive_logsumexp(q, k, scale):
