@@ -129,7 +129,7 @@ def test_segment_plan_must_fit_sequence_length():
 
 
 def test_sequence_parallel_shards_scale_with_segment_length():
-    from torchtitan_seq1f1b._torch_compat import scaled_seq_len
+    from torchtitan_seq1f1b.segmenting import scaled_seq_len
 
     assert scaled_seq_len(8, 16, 12) == 6  # tp=2: 16 tokens held as 8 entries
     assert scaled_seq_len(16, 16, 13) == 13

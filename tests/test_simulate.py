@@ -17,7 +17,7 @@ from torchtitan_seq1f1b import (
     seq1f1b_zero_bubble_order,
     validate_order,
 )
-from torchtitan_seq1f1b._torch_compat import torch_schedule_order
+from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
 from torchtitan_seq1f1b.orders import v_stage_to_rank
 from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape, get_preset
 from torchtitan_seq1f1b.simulate import (

@@ -38,7 +38,6 @@ from torchtitan_seq1f1b._torch_compat import (
     lower_forward_only,
     resize_recv_buffers,
     runtime_validation_disabled,
-    scaled_seq_len,
     wrap_stage_compute,
 )
 from torchtitan_seq1f1b.attention import bind_attention
@@ -53,7 +52,7 @@ from torchtitan_seq1f1b.orders import (
     v_stage_to_rank,
     validate_order,
 )
-from torchtitan_seq1f1b.segmenting import SegmentPlan
+from torchtitan_seq1f1b.segmenting import scaled_seq_len, SegmentPlan
 
 __all__ = [
     "ScheduleInterleavedSeq1F1B",

@@ -1,81 +1,44 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Every private ``torch.distributed.pipelining`` API this package touches.
+"""The private pipelining runtime of torch 2.13 and 2.14, as Seq1F1B's schedules use it.
 
-Seq1F1B rides on torch's pipeline runtime (action IR, lowering passes, stage
-send/recv machinery). Those pieces are private, so they are imported here and
-nowhere else, and the torch versions they were tested against are pinned.
+Action IR, lowering passes and the stage's send/receive and compute entry
+points, as these versions define them. A torch whose runtime differs gets a
+module of its own beside this one; :mod:`torchtitan_seq1f1b._torch_compat`
+picks the module for the installed torch.
 """
 
 import contextlib
 import dataclasses
-import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-import torch.distributed.pipelining.schedules as _schedules
-from torch.distributed.pipelining.schedules import (  # noqa: F401
+from torch.distributed.pipelining._utils import _DTensorMeta, _TensorMeta
+from torch.distributed.pipelining.schedules import (
     _Action,
     _add_send_recv,
     _add_unshard_reshard,
     _ComputationType,
     _PipelineScheduleRuntime,
     _simulate_comms_compute,
-    get_schedule_class,
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
-from torch.distributed.pipelining._utils import _DTensorMeta, _TensorMeta
+
+from torchtitan_seq1f1b.segmenting import scaled_seq_len
 
 __all__ = [
-    "TESTED_TORCH_RANGE",
-    "check_torch_version",
+    "_Action",
+    "_add_send_recv",
+    "_ComputationType",
+    "_PipelineScheduleRuntime",
+    "_simulate_comms_compute",
     "lower_forward_only",
     "resize_recv_buffers",
-    "scaled_seq_len",
+    "runtime_validation_disabled",
     "wrap_stage_compute",
 ]
 
-# Inclusive lower bound, exclusive upper bound (major, minor).
-TESTED_TORCH_RANGE = ((2, 13), (2, 14))
-ALLOW_UNTESTED_ENV = "SEQ1F1B_ALLOW_UNTESTED_TORCH"
-
-
-def check_torch_version(version: str = torch.__version__) -> None:
-    """Fail early and clearly on a torch whose pipelining internals were not tested."""
-    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    low, high = TESTED_TORCH_RANGE
-    if low <= (major, minor) < high or os.environ.get(ALLOW_UNTESTED_ENV) == "1":
-        return
-    raise RuntimeError(
-        f"torchtitan_seq1f1b was tested with torch>={low[0]}.{low[1]},"
-        f"<{high[0]}.{high[1]} and relies on private torch.distributed.pipelining "
-        f"internals; found torch {version}. Install a tested torch "
-        f"(pip install 'torch>={low[0]}.{low[1]},<{high[0]}.{high[1]}') or set "
-        f"{ALLOW_UNTESTED_ENV}=1 to try anyway."
-    )
-
-
-check_torch_version()
-
-
-def scaled_seq_len(reference_len: int, reference_tokens: int, seq_len: int) -> int:
-    """Local length of a ``seq_len``-token segment on a dim that held ``reference_len``
-    entries for a ``reference_tokens``-token segment.
-
-    Under sequence parallel a stage's activations carry ``tokens / tp`` entries
-    on the sequence dim, as plain local tensors or as DTensor shards.
-    """
-    local, remainder = divmod(seq_len * reference_len, reference_tokens)
-    if remainder:
-        raise ValueError(
-            f"a {seq_len}-token segment cannot be laid out like the first one "
-            f"({reference_tokens} tokens held as {reference_len} entries, e.g. sharded "
-            "by sequence parallel); make every segment length a multiple of the "
-            "sequence-parallel degree (SegmentPlan align, [seq1f1b] align)"
-        )
-    return local
 
 
 def _contiguous_stride(shape) -> tuple[int, ...]:
@@ -214,92 +177,3 @@ def runtime_validation_disabled(stage: _PipelineStageBase) -> Iterator[None]:
         yield
     finally:
         stage._runtime_validate = saved
-
-
-# ---- benchmark instrumentation ------------------------------------------------
-
-
-
-@dataclasses.dataclass
-class P2PWaitTime:
-    """Wall time a rank spent blocked on pipeline sends and receives."""
-
-    seconds: float = 0.0
-    waits: int = 0
-
-
-@contextlib.contextmanager
-def timed_p2p_waits() -> Iterator[P2PWaitTime]:
-    """Accumulate the time torch's pipeline schedules block on p2p work.
-
-    Both schedule families wait only through ``schedules._wait_batch_p2p``:
-    ``PipelineScheduleSingle`` subclasses (1F1B, GPipe) around every batched
-    send/receive, and ``_PipelineScheduleRuntime`` (the looped, zero-bubble
-    and Seq1F1B schedules) before a compute that needs a received tensor and
-    on its outstanding sends at the end of a step. The function is looked up
-    as a module global at call time, so replacing it covers both; the only
-    other ``wait()`` in the runtime is on FSDP unshards, which are not p2p.
-    """
-    original = _schedules._wait_batch_p2p
-    total = P2PWaitTime()
-
-    def timed_wait(work):
-        start = time.perf_counter()
-        try:
-            original(work)
-        finally:
-            total.seconds += time.perf_counter() - start
-            total.waits += 1
-
-    _schedules._wait_batch_p2p = timed_wait
-    try:
-        yield total
-    finally:
-        _schedules._wait_batch_p2p = original
-
-
-# ---- torch's multi-stage schedule orders, for the simulator ---------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _ScheduleSizes:
-    """The attributes torch 2.13's multi-stage order generators read from ``self``."""
-
-    pp_group_size: int
-    n_local_stages: int
-    _n_microbatches: int
-
-    @property
-    def _stages(self) -> list[None]:  # ScheduleLoopedBFS counts its stages
-        return [None] * self.n_local_stages
-
-    @property
-    def num_stages(self) -> int:  # ScheduleZBVZeroBubble
-        return self.pp_group_size * self.n_local_stages
-
-    @property
-    def microbatches_per_round(self) -> int:  # ScheduleInterleaved1F1B
-        return self._n_microbatches // max(1, self._n_microbatches // self.pp_group_size)
-
-
-def torch_schedule_order(
-    schedule_name: str, num_ranks: int, stages_per_rank: int, n_microbatches: int
-) -> dict[int, list[_Action]]:
-    """The compute actions torch's multi-stage schedule ``schedule_name`` runs, per rank.
-
-    Calls the schedule class's ``_calculate_single_rank_operations`` (what its
-    ``__init__`` calls for every rank) on a stand-in holding only the sizes it
-    reads, so no stage, process group or model is needed. Idle slots are
-    dropped. Checks of ``__init__`` (e.g. Interleaved1F1B's microbatch count)
-    are not run.
-    """
-    schedule_class = get_schedule_class(schedule_name)
-    sizes = _ScheduleSizes(num_ranks, stages_per_rank, n_microbatches)
-    return {
-        rank: [
-            action
-            for action in schedule_class._calculate_single_rank_operations(sizes, rank)
-            if action is not None
-        ]
-        for rank in range(num_ranks)
-    }

@@ -15,104 +15,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Protocol
 
+from torchtitan_seq1f1b.segmenting.cost import is_int, SegmentCost
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class SegmentCost(Protocol):
-    """What :meth:`SegmentPlan.balanced` needs: a segment's cost, quadratic in its length."""
-
-    def forward_flops(self, length: int, end: int) -> int:
-        """FLOPs of the forward pass over tokens ``[end - length, end)``."""
-
-    def flops_coefficients(self, end: int) -> tuple[float, float]:
-        """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``."""
-
-
-@dataclass(frozen=True)
-class TransformerCost:
-    """Forward FLOPs of a decoder-only transformer (Llama-style) per segment.
-
-    Args:
-        n_layers: number of transformer blocks ``L``.
-        dim: model width ``H``.
-        n_heads: query heads ``h``; the head dim is ``d = H // h``.
-        n_kv_heads: key/value heads ``g`` (``g == h`` is MHA, ``g < h`` is GQA).
-        ffn_hidden_dim: MLP hidden width ``F``.
-        vocab_size: output vocabulary ``V`` of the LM head.
-        gated_mlp: SwiGLU-style MLP with three ``H x F`` matrices instead of two.
-    """
-
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_hidden_dim: int
-    vocab_size: int
-    gated_mlp: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int")
-        for whole, part in (("dim", "n_heads"), ("n_heads", "n_kv_heads")):
-            if getattr(self, whole) % getattr(self, part):
-                raise ValueError(
-                    f"{whole}={getattr(self, whole)} is not divisible by "
-                    f"{part}={getattr(self, part)}; pick {part} that divides {whole}"
-                )
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def forward_flops(self, length: int, end: int) -> int:
-        """Exact forward FLOPs (2 per multiply-add) of tokens ``[end - length, end)``.
-
-        Each query at absolute position ``t`` attends the ``t + 1`` keys of its
-        whole causal prefix, so with ``s = length`` and ``P = end``::
-
-            per layer:  4 s H^2                          # Q and O projections
-                      + 4 s H g d                        # K and V projections
-                      + 4 h d (s P - s (s - 1) / 2)      # QK^T and AV
-                      + (3 if gated else 2) * 2 s H F    # MLP
-            total:      L * per_layer + 2 s H V          # + LM head
-
-        Summing this over any split of ``[0, P)`` gives ``forward_flops(P, P)``.
-        """
-        if not (_is_int(length) and _is_int(end) and 0 < length <= end):
-            raise ValueError(f"need ints 0 < length <= end, got length={length!r}, end={end!r}")
-        per_token, per_query_key = self._flop_rates()
-        keys_attended = length * end - length * (length - 1) // 2
-        return length * per_token + keys_attended * per_query_key
-
-    def flops_coefficients(self, end: int) -> tuple[float, float]:
-        """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``; ``a < 0``.
-
-        ``a`` is negative because a longer segment ending at the same ``end``
-        reaches back to earlier, cheaper positions.
-        """
-        per_token, per_query_key = self._flop_rates()
-        return -per_query_key / 2, per_token + per_query_key * (end + 0.5)
-
-    def _flop_rates(self) -> tuple[int, int]:
-        """FLOPs per token (projections, MLP, LM head) and per attended (query, key) pair."""
-        per_layer_token = (
-            4 * self.dim * self.dim
-            + 4 * self.dim * self.n_kv_heads * self.head_dim
-            + (3 if self.gated_mlp else 2) * 2 * self.dim * self.ffn_hidden_dim
-        )
-        per_token = self.n_layers * per_layer_token + 2 * self.dim * self.vocab_size
-        return per_token, self.n_layers * 4 * self.n_heads * self.head_dim
+__all__ = ["SegmentPlan", "scaled_seq_len"]
 
 
 def _check_split(seq_len: int, num_segments: int, align: int) -> None:
     for name, value in (("num_segments", num_segments), ("seq_len", seq_len), ("align", align)):
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive int")
     if seq_len % align:
         raise ValueError(
@@ -128,7 +39,7 @@ def _check_split(seq_len: int, num_segments: int, align: int) -> None:
 
 
 def _check_lengths(lengths: tuple[int, ...]) -> None:
-    if not lengths or not all(_is_int(n) and n > 0 for n in lengths):
+    if not lengths or not all(is_int(n) and n > 0 for n in lengths):
         raise ValueError(f"lengths={list(lengths)} must be a non-empty list of positive ints")
 
 
@@ -175,7 +86,7 @@ class SegmentPlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", tuple(self.lengths))
-        if not _is_int(self.seq_len) or self.seq_len < 1:
+        if not is_int(self.seq_len) or self.seq_len < 1:
             raise ValueError(f"seq_len={self.seq_len!r} must be a positive int")
         _check_lengths(self.lengths)
         if sum(self.lengths) != self.seq_len:
@@ -260,7 +171,7 @@ class SegmentPlan:
     @classmethod
     def from_lengths(cls, lengths: tuple[int, ...] | list[int], align: int = 1) -> SegmentPlan:
         """Plan from user-given lengths, each positive and a multiple of ``align``."""
-        if not _is_int(align) or align < 1:
+        if not is_int(align) or align < 1:
             raise ValueError(f"align={align!r} must be a positive int")
         lengths = tuple(lengths)
         _check_lengths(lengths)
@@ -271,3 +182,21 @@ class SegmentPlan:
                 f"round each length to a multiple of {align}"
             )
         return cls(sum(lengths), lengths)
+
+
+def scaled_seq_len(reference_len: int, reference_tokens: int, seq_len: int) -> int:
+    """Local length of a ``seq_len``-token segment on a dim that held ``reference_len``
+    entries for a ``reference_tokens``-token segment.
+
+    Under sequence parallel a stage's activations carry ``tokens / tp`` entries
+    on the sequence dim, as plain local tensors or as DTensor shards.
+    """
+    local, remainder = divmod(seq_len * reference_len, reference_tokens)
+    if remainder:
+        raise ValueError(
+            f"a {seq_len}-token segment cannot be laid out like the first one "
+            f"({reference_tokens} tokens held as {reference_len} entries, e.g. sharded "
+            "by sequence parallel); make every segment length a multiple of the "
+            "sequence-parallel degree (SegmentPlan align, [seq1f1b] align)"
+        )
+    return local

@@ -1,0 +1,103 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""What a segment costs: the FLOP model segment plans are balanced with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["SegmentCost", "TransformerCost", "is_int"]
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class SegmentCost(Protocol):
+    """What :meth:`SegmentPlan.balanced` needs: a segment's cost, quadratic in its length."""
+
+    def forward_flops(self, length: int, end: int) -> int:
+        """FLOPs of the forward pass over tokens ``[end - length, end)``."""
+
+    def flops_coefficients(self, end: int) -> tuple[float, float]:
+        """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``."""
+
+
+@dataclass(frozen=True)
+class TransformerCost:
+    """Forward FLOPs of a decoder-only transformer (Llama-style) per segment.
+
+    Args:
+        n_layers: number of transformer blocks ``L``.
+        dim: model width ``H``.
+        n_heads: query heads ``h``; the head dim is ``d = H // h``.
+        n_kv_heads: key/value heads ``g`` (``g == h`` is MHA, ``g < h`` is GQA).
+        ffn_hidden_dim: MLP hidden width ``F``.
+        vocab_size: output vocabulary ``V`` of the LM head.
+        gated_mlp: SwiGLU-style MLP with three ``H x F`` matrices instead of two.
+    """
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden_dim: int
+    vocab_size: int
+    gated_mlp: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        for whole, part in (("dim", "n_heads"), ("n_heads", "n_kv_heads")):
+            if getattr(self, whole) % getattr(self, part):
+                raise ValueError(
+                    f"{whole}={getattr(self, whole)} is not divisible by "
+                    f"{part}={getattr(self, part)}; pick {part} that divides {whole}"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def forward_flops(self, length: int, end: int) -> int:
+        """Exact forward FLOPs (2 per multiply-add) of tokens ``[end - length, end)``.
+
+        Each query at absolute position ``t`` attends the ``t + 1`` keys of its
+        whole causal prefix, so with ``s = length`` and ``P = end``::
+
+            per layer:  4 s H^2                          # Q and O projections
+                      + 4 s H g d                        # K and V projections
+                      + 4 h d (s P - s (s - 1) / 2)      # QK^T and AV
+                      + (3 if gated else 2) * 2 s H F    # MLP
+            total:      L * per_layer + 2 s H V          # + LM head
+
+        Summing this over any split of ``[0, P)`` gives ``forward_flops(P, P)``.
+        """
+        if not (is_int(length) and is_int(end) and 0 < length <= end):
+            raise ValueError(f"need ints 0 < length <= end, got length={length!r}, end={end!r}")
+        per_token, per_query_key = self._flop_rates()
+        keys_attended = length * end - length * (length - 1) // 2
+        return length * per_token + keys_attended * per_query_key
+
+    def flops_coefficients(self, end: int) -> tuple[float, float]:
+        """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``; ``a < 0``.
+
+        ``a`` is negative because a longer segment ending at the same ``end``
+        reaches back to earlier, cheaper positions.
+        """
+        per_token, per_query_key = self._flop_rates()
+        return -per_query_key / 2, per_token + per_query_key * (end + 0.5)
+
+    def _flop_rates(self) -> tuple[int, int]:
+        """FLOPs per token (projections, MLP, LM head) and per attended (query, key) pair."""
+        per_layer_token = (
+            4 * self.dim * self.dim
+            + 4 * self.dim * self.n_kv_heads * self.head_dim
+            + (3 if self.gated_mlp else 2) * 2 * self.dim * self.ffn_hidden_dim
+        )
+        per_token = self.n_layers * per_layer_token + 2 * self.dim * self.vocab_size
+        return per_token, self.n_layers * 4 * self.n_heads * self.head_dim
