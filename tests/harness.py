@@ -16,7 +16,7 @@ import torch
 from torchtitan_seq1f1b import exactness, kv_store, schedule as schedule_module
 from torchtitan_seq1f1b._launch import RankFailure, run_ranks
 from torchtitan_seq1f1b.exactness import reference, SCHEDULES
-from torchtitan_seq1f1b.orders import Order
+from torchtitan_seq1f1b.actions import Order
 
 from tests.kernel_fakes import stand_in_backend
 

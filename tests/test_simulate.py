@@ -18,7 +18,7 @@ from torchtitan_seq1f1b import (
     validate_order,
 )
 from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
-from torchtitan_seq1f1b.orders import v_stage_to_rank
+from torchtitan_seq1f1b.orders import replay, v_stage_to_rank
 from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape, get_preset
 from torchtitan_seq1f1b.simulate import (
     PAPER_CONFIGS,
@@ -33,7 +33,6 @@ from torchtitan_seq1f1b.simulate import (
     run_paper,
     schedule_order,
     simulate,
-    simulate_timeline,
 )
 
 TOLERANCE = 0.08
@@ -66,7 +65,7 @@ def _stage_to_rank(schedule, p):
 )
 def test_equal_cost_units_reproduce_the_analytic_bubble(p, m, k):
     order = seq1f1b_order(p, m, k)
-    timeline = simulate_timeline(order, lambda a: (1 if a.kind == "F" else 2) / k)
+    timeline = replay(order, lambda a: (1 if a.kind == "F" else 2) / k)
     assert timeline.bubble_fraction == pytest.approx(analytic_bubble(p, m, k), abs=1e-12)
     assert timeline.makespan == pytest.approx((m * k + p - 1) * 3 / k, abs=1e-12)
 
@@ -100,14 +99,14 @@ def test_seq1f1b_zbv_idles_no_more_than_zero_bubble(p, m, k):
      if c[2] * c[3] >= c[0]],
 )
 def test_interleaved_seq1f1b_bubble_is_analytic(p, v, m, k):
-    timeline = simulate_timeline(interleaved_seq1f1b_order(p, v, m, k), _equal_units(k, v))
+    timeline = replay(interleaved_seq1f1b_order(p, v, m, k), _equal_units(k, v))
     assert timeline.bubble_fraction == pytest.approx(analytic_bubble(p, m, k, v), abs=1e-12)
 
 
 @pytest.mark.parametrize("p,m,k", list(itertools.product(range(1, 7), range(1, 7), range(1, 5))))
 def test_zero_bubble_beats_seq1f1b_with_equal_costs(p, m, k):
-    seq = simulate_timeline(seq1f1b_order(p, m, k), _equal_units(k)).bubble_fraction
-    zb = simulate_timeline(seq1f1b_zero_bubble_order(p, m, k), _equal_units(k)).bubble_fraction
+    seq = replay(seq1f1b_order(p, m, k), _equal_units(k)).bubble_fraction
+    zb = replay(seq1f1b_zero_bubble_order(p, m, k), _equal_units(k)).bubble_fraction
     if p == 1:
         assert zb == seq == 0
         return
@@ -117,15 +116,15 @@ def test_zero_bubble_beats_seq1f1b_with_equal_costs(p, m, k):
 
 
 def test_zero_bubble_paper_example():
-    seq = simulate_timeline(seq1f1b_order(4, 2, 4), _equal_units(4)).bubble_fraction
-    zb = simulate_timeline(seq1f1b_zero_bubble_order(4, 2, 4), _equal_units(4)).bubble_fraction
+    seq = replay(seq1f1b_order(4, 2, 4), _equal_units(4)).bubble_fraction
+    zb = replay(seq1f1b_zero_bubble_order(4, 2, 4), _equal_units(4)).bubble_fraction
     assert (round(seq, 3), round(zb, 3)) == (0.273, 0.111)
 
 
 @pytest.mark.parametrize("p,m", [(p, m) for p in range(1, 6) for m in range(1, 10)])
 def test_torch_multi_stage_bubbles(p, m):
-    bfs = simulate_timeline(schedule_order(_config("LoopedBFS", p, m)), _equal_units(1, 2))
-    zbv = simulate_timeline(schedule_order(_config("ZBVZeroBubble", p, m)), _equal_units(1, 2))
+    bfs = replay(schedule_order(_config("LoopedBFS", p, m)), _equal_units(1, 2))
+    zbv = replay(schedule_order(_config("ZBVZeroBubble", p, m)), _equal_units(1, 2))
     if m >= p:
         assert bfs.bubble_fraction == pytest.approx(analytic_bubble(p, m, 1, 2), abs=1e-12)
     if m >= 2 * p - 1:
@@ -160,7 +159,7 @@ def test_interleaved_1f1b_is_torchs_order(p, v, m):
 def test_p2p_latency_only_between_ranks():
     # Stages 0 and 1 on one rank (as ZB-V's middle stages): no latency between them.
     order = {0: [SegmentAction.from_str(a) for a in "0F0.0 1F0.0 1B0.0 0B0.0".split()]}
-    assert simulate_timeline(order, _equal_units(1), p2p_latency=5.0).makespan == 6.0
+    assert replay(order, _equal_units(1), p2p_latency=5.0).makespan == 6.0
 
 
 def test_one_f_one_b_bubble_needs_no_equal_cost_assumption():

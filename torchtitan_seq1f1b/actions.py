@@ -1,21 +1,23 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The sequence-segmented action: one compute step on one (microbatch, segment).
+"""The sequence-segmented action: one compute step on one unit.
 
+A unit is segment j of microbatch i, ``Unit(i, j)``: what Seq1F1B pipelines.
 torch's runtime actions carry only (stage, type, microbatch), and its lowering
-passes rebuild actions from exactly those fields. A unit (i, j) is therefore
-lowered to the *virtual microbatch* ``i * num_segments + j``: every pass
-(send/recv insertion, FSDP unshard/reshard, grad reduction, the dI/dW split)
-keeps working unchanged.
+passes rebuild actions from exactly those fields. A unit is therefore lowered
+to torch's microbatch index ``i * num_segments + j``, which torch's stages call
+the *chunk id*: every pass (send/recv insertion, FSDP unshard/reshard, grad
+reduction, the dI/dW split) keeps working unchanged.
 """
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torchtitan_seq1f1b._torch_compat import _Action, _ComputationType
 
-__all__ = ["SegmentAction"]
+__all__ = ["Order", "SegmentAction", "Unit"]
 
 _KINDS = {
     "F": _ComputationType.FORWARD,
@@ -24,6 +26,21 @@ _KINDS = {
     "W": _ComputationType.BACKWARD_WEIGHT,
 }
 _PATTERN = re.compile(r"^(\d+)([FBIW])(\d+)\.(\d+)$")
+
+
+class Unit(NamedTuple):
+    """Segment ``segment`` of microbatch ``microbatch``: one unit of pipelined work."""
+
+    microbatch: int
+    segment: int
+
+    def chunk_id(self, num_segments: int) -> int:
+        """torch's microbatch index for this unit (its stages' ``chunk_id``)."""
+        return self.microbatch * num_segments + self.segment
+
+    @staticmethod
+    def of_chunk(chunk_id: int, num_segments: int) -> "Unit":
+        return Unit(*divmod(chunk_id, num_segments))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +67,8 @@ class SegmentAction:
         return f"{self.stage}{self.kind}{self.microbatch}.{self.segment}"
 
     @property
-    def unit(self) -> tuple[int, int]:
-        return self.microbatch, self.segment
+    def unit(self) -> Unit:
+        return Unit(self.microbatch, self.segment)
 
     @staticmethod
     def from_str(text: str) -> "SegmentAction":
@@ -65,11 +82,10 @@ class SegmentAction:
         return SegmentAction(int(stage), kind, int(microbatch), int(segment))
 
     def lower(self, num_segments: int) -> _Action:
-        """The torch runtime action for this unit's virtual microbatch."""
+        """The torch runtime action for this unit's chunk id."""
         if self.segment >= num_segments:
             raise ValueError(f"{self}: segment out of range for {num_segments} segments")
-        virtual = self.microbatch * num_segments + self.segment
-        return _Action(self.stage, _KINDS[self.kind], virtual)
+        return _Action(self.stage, _KINDS[self.kind], self.unit.chunk_id(num_segments))
 
     @staticmethod
     def from_action(action: _Action, num_segments: int) -> "SegmentAction":
@@ -79,5 +95,10 @@ class SegmentAction:
         )
         if kind is None or action.microbatch_index is None:
             raise ValueError(f"{action} is not a per-unit compute action")
-        microbatch, segment = divmod(action.microbatch_index, num_segments)
-        return SegmentAction(action.stage_index, kind, microbatch, segment)
+        return SegmentAction(
+            action.stage_index, kind, *Unit.of_chunk(action.microbatch_index, num_segments)
+        )
+
+
+Order = dict[int, list[SegmentAction]]
+"""Per rank, the compute actions it runs, in order."""

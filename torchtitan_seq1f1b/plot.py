@@ -40,13 +40,13 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from torchtitan_seq1f1b.bench import FULL_PRESET, memory_model, model_shape  # noqa: E402
 from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs  # noqa: E402
 from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape  # noqa: E402
+from torchtitan_seq1f1b.orders import replay  # noqa: E402
 from torchtitan_seq1f1b.simulate import (  # noqa: E402
     _unit_times,
     SCHEDULE_SPECS,
     schedule_order,
     SimConfig,
     simulate,
-    simulate_timeline,
 )
 
 __all__ = ["Action", "main", "measured_actions", "plot_sweep", "plot_timeline", "simulated_actions"]
@@ -87,7 +87,7 @@ def simulated_actions(config: SimConfig) -> TimelineData:
     times = _unit_times(config, plan)
     share = [n * config.pp / config.model.n_layers for n in config.layers_per_stage()]
     order = schedule_order(config)
-    timeline = simulate_timeline(
+    timeline = replay(
         order, lambda a: times[a.kind][a.segment] * share[a.stage], config.p2p_latency
     )
     actions = [

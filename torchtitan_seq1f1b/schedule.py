@@ -40,12 +40,12 @@ from torchtitan_seq1f1b._torch_compat import (
     runtime_validation_disabled,
     wrap_stage_compute,
 )
+from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit
 from torchtitan_seq1f1b.orders import (
     interleaved_seq1f1b_order,
     lower_order,
-    Order,
     seq1f1b_order,
     seq1f1b_zbv_order,
     seq1f1b_zero_bubble_order,

@@ -137,11 +137,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
-from torchtitan_seq1f1b.actions import SegmentAction
+from torchtitan_seq1f1b.actions import Order, SegmentAction
 from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape, get_preset
 from torchtitan_seq1f1b.orders import (
+    equal_cost_bubble,
     gpipe_order,
     interleaved_seq1f1b_order,
+    replay,
     seq1f1b_order,
     seq1f1b_zbv_order,
     seq1f1b_zero_bubble_order,
@@ -149,7 +151,6 @@ from torchtitan_seq1f1b.orders import (
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
-    "equal_cost_bubble",
     "number_at_least",
     "positive_int",
     "write_json",
@@ -168,11 +169,9 @@ __all__ = [
     "run_paper",
     "schedule_order",
     "simulate",
-    "simulate_timeline",
 ]
 
 GIB = 2**30
-Order = dict[int, list[SegmentAction]]
 
 
 # ---- schedules --------------------------------------------------------------
@@ -424,86 +423,6 @@ def schedule_order(config: SimConfig) -> Order:
     return config.spec.order(config.pp, config.v, config.microbatches, config.num_segments)
 
 
-# ---- timeline ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """Start/end time of every action, and each rank's busy time."""
-
-    makespan: float
-    busy: dict[int, float]
-    spans: dict[SegmentAction, tuple[float, float]]
-
-    @property
-    def bubble_fraction(self) -> float:
-        ranks = len(self.busy)
-        if self.makespan == 0:
-            return 0.0
-        return 1 - sum(self.busy.values()) / (ranks * self.makespan)
-
-
-def simulate_timeline(
-    order: Order,
-    duration: Callable[[SegmentAction], float],
-    p2p_latency: float = 0.0,
-) -> Timeline:
-    """Replay ``order`` with its data dependencies across stages.
-
-    The rank of every stage is read from ``order`` (any placement works);
-    ``p2p_latency`` is added to dependencies between different ranks. An
-    action's start time depends only on its rank's previous action and on its
-    dependency, so filling the ranks in any order that respects those
-    dependencies gives the same timeline.
-    """
-    rank_of = {a.stage: rank for rank, actions in order.items() for a in actions}
-    scheduled = {a for actions in order.values() for a in actions}
-    last_stage = max(rank_of, default=0)
-
-    def dependency(action: SegmentAction) -> SegmentAction | None:
-        stage, unit = action.stage, action.unit
-        if action.kind == "F":
-            return SegmentAction(stage - 1, "F", *unit) if stage > 0 else None
-        if action.kind == "W":
-            return SegmentAction(stage, "I", *unit)
-        if stage == last_stage:
-            return SegmentAction(stage, "F", *unit)
-        upstream = [SegmentAction(stage + 1, kind, *unit) for kind in "BI"]
-        found = [a for a in upstream if a in scheduled]
-        if not found:
-            raise ValueError(f"{action}: stage {stage + 1} never runs this unit's backward")
-        return found[0]
-
-    position = {rank: 0 for rank in order}
-    free_at = {rank: 0.0 for rank in order}
-    busy = {rank: 0.0 for rank in order}
-    spans: dict[SegmentAction, tuple[float, float]] = {}
-    remaining = len(scheduled)
-    while remaining:
-        progressed = False
-        for rank, actions in order.items():
-            while position[rank] < len(actions):
-                action = actions[position[rank]]
-                dep = dependency(action)
-                if dep is not None and dep not in spans:
-                    break
-                ready = 0.0
-                if dep is not None:
-                    ready = spans[dep][1] + (p2p_latency if rank_of[dep.stage] != rank else 0.0)
-                start = max(free_at[rank], ready)
-                end = start + duration(action)
-                spans[action] = (start, end)
-                free_at[rank] = end
-                busy[rank] += end - start
-                position[rank] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            waiting = [str(order[r][position[r]]) for r in order if position[r] < len(order[r])]
-            raise ValueError(f"order deadlocks; next actions {waiting}")
-    return Timeline(max(free_at.values(), default=0.0), busy, spans)
-
-
 def _weight_grad_flops(cost: TransformerCost, length: int, end: int) -> float:
     """FLOPs of the weight gradients of tokens ``[end - length, end)``.
 
@@ -534,16 +453,6 @@ def _unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
         "I": [2 * f - w for f, w in zip(forward, weight)],
         "W": weight,
     }
-
-
-def _equal_cost_duration(num_segments: int, chunks: int) -> Callable[[SegmentAction], float]:
-    """F = I = W = 1/(k v), B = 2/(k v): one microbatch over a rank's blocks costs 1 + 2."""
-    return lambda action: (2 if action.kind == "B" else 1) / (num_segments * chunks)
-
-
-def equal_cost_bubble(order: Order, num_segments: int, chunks: int) -> float:
-    """Idle fraction of ``order`` when all units cost the same (F = I = W, B = 2F)."""
-    return simulate_timeline(order, _equal_cost_duration(num_segments, chunks)).bubble_fraction
 
 
 # ---- memory -----------------------------------------------------------------
@@ -754,12 +663,11 @@ def simulate(config: SimConfig) -> SimResult:
     order = schedule_order(config)
     times = _unit_times(config, plan)
     stage_share = [n * config.pp / config.model.n_layers for n in config.layers_per_stage()]
-    timeline = simulate_timeline(
+    timeline = replay(
         order,
         lambda action: times[action.kind][action.segment] * stage_share[action.stage],
         config.p2p_latency,
     )
-    equal = simulate_timeline(order, _equal_cost_duration(k, v))
     ranks = []
     for rank, actions in order.items():
         states, act, kv, total, mbs = _rank_memory(config, plan, actions)
@@ -782,7 +690,7 @@ def simulate(config: SimConfig) -> SimResult:
         segment_lengths=plan.lengths,
         makespan=timeline.makespan,
         bubble_fraction=timeline.bubble_fraction,
-        equal_cost_bubble_fraction=equal.bubble_fraction,
+        equal_cost_bubble_fraction=equal_cost_bubble(order, k, v),
         analytic_bubble_fraction=config.spec.analytic(config.pp, v, config.microbatches, k),
         ranks=tuple(ranks),
     )

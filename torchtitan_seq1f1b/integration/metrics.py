@@ -20,7 +20,7 @@ from torchtitan.protocols.train_spec import BaseModelArgs
 
 from torchtitan_seq1f1b.integration.pipeline import SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
-from torchtitan_seq1f1b.simulate import equal_cost_bubble
+from torchtitan_seq1f1b.orders import equal_cost_bubble
 
 __all__ = ["Seq1F1BMetricsProcessor", "build_seq1f1b_metrics_processor"]
 
