@@ -2,7 +2,7 @@
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
 """What the multi-process exactness tests import: cases, the unsplit reference,
-pipelined runs (:mod:`torchtitan_seq1f1b.exactness`), optionally through a GPU
+pipelined runs (:mod:`torchtitan_seq1f1b.check.exactness`), optionally through a GPU
 kernel's CPU stand-in, and the gloo launcher."""
 
 import contextlib
@@ -14,8 +14,8 @@ from unittest import mock
 import torch
 
 from torchtitan_seq1f1b import exactness, kv_store, schedule as schedule_module
-from torchtitan_seq1f1b._launch import RankFailure, run_ranks
-from torchtitan_seq1f1b.exactness import reference, SCHEDULES
+from torchtitan_seq1f1b.check.launch import RankFailure, run_ranks
+from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.actions import Order
 
 from tests.kernel_fakes import stand_in_backend
@@ -44,7 +44,7 @@ class Case(exactness.Case):
 
 
 def pipelined(rank: int, world_size: int, case: Case, loss_normalizer: float | None = None) -> dict:
-    """:func:`torchtitan_seq1f1b.exactness.pipelined`; through a stand-in
+    """:func:`torchtitan_seq1f1b.check.exactness.pipelined`; through a stand-in
     kernel, the result also counts the attention calls that reached it
     (``kernel_calls``, training step and eval)."""
     if case.kernel == "exact":

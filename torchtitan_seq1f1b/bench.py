@@ -49,7 +49,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-from torchtitan_seq1f1b._launch import run_ranks
+from torchtitan_seq1f1b.check.launch import run_ranks
 from torchtitan_seq1f1b._torch_compat.introspection import timed_p2p_waits
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     TinyTransformer,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from torchtitan_seq1f1b._launch import run_ranks
+from torchtitan_seq1f1b.check.launch import run_ranks
 from torchtitan_seq1f1b.check import relative_error, Result, worst
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
-from torchtitan_seq1f1b.exactness import Case, pipelined_cases, reference
-from torchtitan_seq1f1b.titan_runs import DEBUG_CONFIG, RunFailed, TEST_ARGS, torchrun
+from torchtitan_seq1f1b.check.exactness import Case, pipelined_cases, reference
+from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, RunFailed, TEST_ARGS, torchrun
 
 __all__ = ["pipelined_results", "torchtitan_results"]
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from torchtitan_seq1f1b.check import relative_error, Result, worst
-from torchtitan_seq1f1b.device_thread import backward_on_fresh_thread
+from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     ACTIVATION_CHECKPOINT_MODES,
     TinyTransformer,
@@ -31,7 +31,7 @@ from torchtitan_seq1f1b.examples.tiny_transformer import (
     token_sum_cross_entropy,
 )
 from torchtitan_seq1f1b.kv_store import KVStore
-from torchtitan_seq1f1b.segmented import SegmentedRun
+from torchtitan_seq1f1b.check.segmented import SegmentedRun
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["stack_results"]

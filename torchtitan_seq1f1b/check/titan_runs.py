@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parents[1]  # the source checkout
+REPO = Path(__file__).resolve().parents[2]  # the source checkout
 DEBUG_CONFIG = REPO / "train_configs" / "debug_seq1f1b.toml"
 
 # Small and short enough for CI; float32 because torchtitan's non-pipelined
@@ -81,9 +81,9 @@ def torchrun(
     output on a non-zero exit.
 
     ``device_thread``: every backward on a fresh thread
-    (:mod:`torchtitan_seq1f1b.device_thread`), as CUDA's autograd runs it.
+    (:mod:`torchtitan_seq1f1b.check.device_thread`), as CUDA's autograd runs it.
     """
-    train = ["torchtitan_seq1f1b.device_thread"] * device_thread + ["torchtitan.train"]
+    train = ["torchtitan_seq1f1b.check.device_thread"] * device_thread + ["torchtitan.train"]
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc),

@@ -67,7 +67,7 @@ def backward_on_fresh_thread(enabled: bool = True) -> Iterator[None]:
 
 
 if __name__ == "__main__":
-    # ``python -m torchtitan_seq1f1b.device_thread MODULE ARGS...``: run MODULE as __main__
+    # ``python -m torchtitan_seq1f1b.check.device_thread MODULE ARGS...``: run MODULE as __main__
     # (e.g. torchtitan.train under torchrun) with every backward on a fresh thread.
     import sys
 
