@@ -15,11 +15,17 @@ from torchtitan_seq1f1b import (
     interleaved_seq1f1b_order,
     seq1f1b_order,
     seq1f1b_zero_bubble_order,
+    TransformerCost,
     validate_order,
 )
 from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
 from torchtitan_seq1f1b.orders import replay, v_stage_to_rank
-from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape, get_preset
+from torchtitan_seq1f1b.tools.model_shapes import (
+    embedding_params,
+    get_preset,
+    layer_params,
+    MODEL_PRESETS,
+)
 from torchtitan_seq1f1b.simulate import (
     PAPER_CONFIGS,
     SCHEDULE_SPECS,
@@ -211,7 +217,7 @@ def test_rank0_activation_peak_in_microbatches(p, m, k):
 )
 def test_interleaved_seq1f1b_rank0_peak_is_the_theory_table(p, v, m, k):
     # Equal segments, equal stages; rounds of p units hold whole microbatches (k | p).
-    model = ModelShape("even", p * v, 64, 4, 4, 256, 1000, gated_mlp=True)
+    model = TransformerCost(p * v, 64, 4, 4, 256, 1000, gated_mlp=True)
     result = simulate(SimConfig(model=model, seq_len=60 * k, pp=p, microbatches=m, segments=k,
                                 schedule="InterleavedSeq1F1B", v=v, partition="uniform"))
     expected = ((v + 1) * p + k - 2) / (v * k)
@@ -251,7 +257,7 @@ def test_kv_store_freed_after_last_weight_grad():
 
 
 def test_weight_grad_flops_are_the_matmuls():
-    cost = SMALL.cost()
+    cost = SMALL
     h, d, f = SMALL.dim, SMALL.head_dim, SMALL.ffn_hidden_dim
     per_token = SMALL.n_layers * (4 * h * h + 4 * h * SMALL.n_kv_heads * d + 2 * 2 * h * f)
     per_token += 2 * h * SMALL.vocab_size
@@ -313,7 +319,7 @@ def test_model_states_are_18_bytes_per_param_and_dp_shards_the_optimizer():
     plain = simulate(SimConfig(dp=4, **cfg)).ranks[1]
     sharded_memory = MemoryModel(distributed_optimizer=True)
     sharded = simulate(SimConfig(dp=4, memory=sharded_memory, **cfg)).ranks[1]
-    params = 8 * SMALL.layer_params(2)
+    params = 8 * layer_params(SMALL, 2)
     assert plain.model_state_bytes == 18 * params
     assert sharded.model_state_bytes == 6 * params + 12 * params // 4
 
@@ -331,7 +337,7 @@ def test_presets_have_the_expected_sizes():
     assert expected.keys() == MODEL_PRESETS.keys()
     for name, (low, high) in expected.items():
         shape = MODEL_PRESETS[name]
-        total = (shape.n_layers * shape.layer_params(1) + 2 * shape.embedding_params(1)) / 1e9
+        total = (shape.n_layers * layer_params(shape, 1) + 2 * embedding_params(shape, 1)) / 1e9
         assert low < total < high, name
 
 

@@ -56,7 +56,6 @@ from torchtitan_seq1f1b.examples.tiny_transformer import (
     TinyTransformerArgs,
     token_sum_cross_entropy,
 )
-from torchtitan_seq1f1b.model_presets import ModelShape
 from torchtitan_seq1f1b.probes import ActivationMemoryProbe, ComputeRecorder, ComputeSpan
 from torchtitan_seq1f1b.schedule import (
     ScheduleInterleavedSeq1F1B,
@@ -65,6 +64,7 @@ from torchtitan_seq1f1b.schedule import (
     ScheduleSeq1F1BZeroBubble,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan
+from torchtitan_seq1f1b.tools.model_shapes import embedding_params, final_norm_params, layer_params
 from torchtitan_seq1f1b.simulate import (
     MemoryModel,
     number_at_least,
@@ -86,7 +86,6 @@ __all__ = [
     "SCHEDULES",
     "main",
     "memory_model",
-    "model_shape",
     "plan_rows",
     "predict",
     "print_table",
@@ -178,20 +177,6 @@ SCHEDULES: dict[str, BenchSchedule] = {
 # ---- configuration ----------------------------------------------------------------
 
 
-def model_shape(args: TinyTransformerArgs) -> ModelShape:
-    """The simulator's view of a :class:`TinyTransformer` (SwiGLU, RMSNorm, untied)."""
-    return ModelShape(
-        name="bench",
-        n_layers=args.n_layers,
-        dim=args.dim,
-        n_heads=args.n_heads,
-        n_kv_heads=args.n_kv_heads,
-        ffn_hidden_dim=args.ffn_hidden_dim,
-        vocab_size=args.vocab_size,
-        gated_mlp=True,
-    )
-
-
 @dataclass(frozen=True)
 class BenchConfig:
     """Model, data and repetition settings shared by every row.
@@ -215,11 +200,11 @@ class BenchConfig:
     seed: int = 0
 
     def describe(self) -> dict:
-        args, shape = self.model, model_shape(self.model)
+        args, shape = self.model, self.model.cost()
         parameters = (
-            shape.n_layers * shape.layer_params(tp=1)
-            + 2 * shape.embedding_params(tp=1)  # untied input embedding and LM head
-            + shape.final_norm_params()
+            shape.n_layers * layer_params(shape, tp=1)
+            + 2 * embedding_params(shape, tp=1)  # untied input embedding and LM head
+            + final_norm_params(shape)
         )
         return {
             "dim": args.dim,
@@ -486,7 +471,8 @@ def predict(config: BenchConfig, row: BenchRow) -> SimResult | None:
         return None
     try:
         sim_config = SimConfig(
-            model=model_shape(config.model),
+            model=config.model.cost(),
+            model_name="bench",
             seq_len=config.seq_len,
             pp=config.pp,
             microbatches=row.microbatches,

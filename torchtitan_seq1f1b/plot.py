@@ -37,10 +37,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
-from torchtitan_seq1f1b.bench import FULL_PRESET, memory_model, model_shape  # noqa: E402
+from torchtitan_seq1f1b.bench import FULL_PRESET, memory_model  # noqa: E402
 from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs  # noqa: E402
-from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape  # noqa: E402
 from torchtitan_seq1f1b.orders import replay  # noqa: E402
+from torchtitan_seq1f1b.segmenting import TransformerCost  # noqa: E402
+from torchtitan_seq1f1b.tools.model_shapes import MODEL_PRESETS  # noqa: E402
 from torchtitan_seq1f1b.simulate import (  # noqa: E402
     _unit_times,
     SCHEDULE_SPECS,
@@ -98,7 +99,7 @@ def simulated_actions(config: SimConfig) -> TimelineData:
     k = plan.num_segments
     title = (
         f"simulated {config.schedule}: p={config.pp} v={config.v} m={config.microbatches} "
-        f"k={k}{f' {config.partition}' if k > 1 else ''}, model {config.model.name} "
+        f"k={k}{f' {config.partition}' if k > 1 else ''}, model {config.model_name} "
         f"S={config.seq_len}; bubble {timeline.bubble_fraction:.3f}"
     )
     return TimelineData(actions, title, "time (forwards of one microbatch on one rank)", k)
@@ -184,10 +185,10 @@ def plot_timeline(data: TimelineData, path: str) -> None:
 # ---- memory and bubble against k -------------------------------------------------
 
 
-def _sim(model: ModelShape, seq_len: int, pp: int, m: int, schedule: str, k: int = 1,
-         partition: str = "uniform"):
+def _sim(model: TransformerCost, model_name: str, seq_len: int, pp: int, m: int,
+         schedule: str, k: int = 1, partition: str = "uniform"):
     return simulate(SimConfig(
-        model=model, seq_len=seq_len, pp=pp, microbatches=m, segments=k, schedule=schedule,
+        model=model, model_name=model_name, seq_len=seq_len, pp=pp, microbatches=m, segments=k, schedule=schedule,
         partition=partition, memory=memory_model(),
     ))
 
@@ -198,7 +199,8 @@ def _rank0_activations(result) -> int:
 
 
 def plot_sweep(
-    model: ModelShape,
+    model: TransformerCost,
+    model_name: str,
     seq_len: int,
     pp: int,
     microbatches: int,
@@ -208,10 +210,10 @@ def plot_sweep(
     bench_records: Sequence[dict] = (),
 ) -> None:
     """Rank-0 activations, bubble and step time vs k, simulated (and measured) into ``path``."""
-    baseline = _sim(model, seq_len, pp, microbatches, "1F1B")
+    baseline = _sim(model, model_name, seq_len, pp, microbatches, "1F1B")
     fig, (mem_ax, bubble_ax, time_ax) = plt.subplots(1, 3, figsize=(15, 4.5))
     simulated = {
-        partition: [_sim(model, seq_len, pp, microbatches, schedule, k, partition) for k in segments]
+        partition: [_sim(model, model_name, seq_len, pp, microbatches, schedule, k, partition) for k in segments]
         for partition in _PARTITION_STYLES
     }
     for partition, (marker, color) in _PARTITION_STYLES.items():
@@ -265,7 +267,7 @@ def plot_sweep(
     mem_ax.axhline(1.0, color="grey", linewidth=0.8)
     time_ax.axhline(1.0, color="grey", linewidth=0.8)
     fig.suptitle(
-        f"{schedule} vs k: p={pp} m={microbatches}, model {model.name} "
+        f"{schedule} vs k: p={pp} m={microbatches}, model {model_name} "
         f"(L{model.n_layers} H{model.dim} h{model.n_heads} g{model.n_kv_heads}), S={seq_len}",
         fontsize=10,
     )
@@ -277,10 +279,9 @@ def plot_sweep(
 # ---- command line -----------------------------------------------------------------
 
 
-def _bench_model(record: dict) -> ModelShape:
+def _bench_model(record: dict) -> TransformerCost:
     names = {f.name for f in fields(TinyTransformerArgs)}
-    return model_shape(TinyTransformerArgs(**{k: v for k, v in record["model"].items()
-                                              if k in names}))
+    return TinyTransformerArgs(**{k: v for k, v in record["model"].items() if k in names}).cost()
 
 
 def _load_records(parser: argparse.ArgumentParser, path: str) -> list[dict]:
@@ -311,17 +312,17 @@ def _pick_record(parser: argparse.ArgumentParser, records: list[dict], args) -> 
     return matches[0]
 
 
-def _model_from_args(args) -> tuple[ModelShape, int]:
+def _model_from_args(args) -> tuple[TransformerCost, int]:
     if args.model == "bench":
-        return model_shape(FULL_PRESET.model), args.seq_len or FULL_PRESET.seq_len
+        return FULL_PRESET.model.cost(), args.seq_len or FULL_PRESET.seq_len
     if args.seq_len is None:
         raise ValueError(f"--model {args.model} needs --seq-len")
     return MODEL_PRESETS[args.model], args.seq_len
 
 
-def _describe(model: ModelShape, seq_len: int) -> str:
+def _describe(model: TransformerCost, model_name: str, seq_len: int) -> str:
     return (
-        f"model {model.name} (dim {model.dim}, {model.n_layers} layers, {model.n_heads} "
+        f"model {model_name} (dim {model.dim}, {model.n_layers} layers, {model.n_heads} "
         f"heads, {model.n_kv_heads} K/V heads), seq_len {seq_len}"
     )
 
@@ -369,17 +370,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if records:
             model, seq_len = _bench_model(records[0]), records[0]["model"]["seq_len"]
+            model_name = "bench"
             pp = records[0]["pp"]
         else:
             (model, seq_len), pp = _model_from_args(args), args.pp
-        print(f"{'measured' if records else 'simulated'}: {_describe(model, seq_len)}, "
+            model_name = args.model
+        print(f"{'measured' if records else 'simulated'}: {_describe(model, model_name, seq_len)}, "
               f"pp {pp}, m {args.microbatches or 2}")
         if args.chart == "timeline":
             if records:
                 data = measured_actions(_pick_record(parser, records, args))
             else:
                 config = SimConfig(
-                    model=model, seq_len=seq_len, pp=pp, microbatches=args.microbatches or 2,
+                    model=model, model_name=model_name, seq_len=seq_len, pp=pp,
+                    microbatches=args.microbatches or 2,
                     segments=args.segments or 4, schedule=args.schedule, v=args.v,
                     partition=args.partition or "balanced", memory=memory_model(),
                 )
@@ -388,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data = simulated_actions(config)
             plot_timeline(data, args.output)
         else:
-            plot_sweep(model, seq_len, pp, args.microbatches or 2, args.output,
+            plot_sweep(model, model_name, seq_len, pp, args.microbatches or 2, args.output,
                        segments=sorted(set(args.segments)), schedule=args.schedule,
                        bench_records=records)
     except ValueError as error:

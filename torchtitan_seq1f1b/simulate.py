@@ -138,7 +138,6 @@ from dataclasses import asdict, dataclass, field
 
 from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
 from torchtitan_seq1f1b.actions import Order, SegmentAction
-from torchtitan_seq1f1b.model_presets import MODEL_PRESETS, ModelShape, get_preset
 from torchtitan_seq1f1b.orders import (
     equal_cost_bubble,
     gpipe_order,
@@ -149,6 +148,14 @@ from torchtitan_seq1f1b.orders import (
     seq1f1b_zero_bubble_order,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+from torchtitan_seq1f1b.tools.model_shapes import (
+    embedding_params,
+    final_norm_params,
+    get_preset,
+    layer_params,
+    MODEL_PRESETS,
+    padded_vocab,
+)
 
 __all__ = [
     "number_at_least",
@@ -338,7 +345,7 @@ class SimConfig:
     "equal" (I = W = F) or "flops" (W = weight-gradient FLOPs).
     """
 
-    model: ModelShape
+    model: TransformerCost
     seq_len: int
     pp: int
     microbatches: int
@@ -352,6 +359,7 @@ class SimConfig:
     align: int | None = None
     backward_split: str = "equal"
     memory: MemoryModel = field(default_factory=MemoryModel)
+    model_name: str = "custom"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_SPECS:
@@ -410,7 +418,7 @@ class SimConfig:
         k = self.num_segments
         if self.partition == "uniform" or k == 1:
             return SegmentPlan.uniform(self.seq_len, k, self.segment_align)
-        return SegmentPlan.balanced(self.seq_len, k, self.model.cost(), self.segment_align)
+        return SegmentPlan.balanced(self.seq_len, k, self.model, self.segment_align)
 
     def layers_per_stage(self) -> list[int]:
         """Blocks per stage; a remainder goes to the earliest stages."""
@@ -438,7 +446,7 @@ def _weight_grad_flops(cost: TransformerCost, length: int, end: int) -> float:
 
 def _unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
     """Per-segment time of each action kind on a stage holding L/p blocks."""
-    cost = config.model.cost()
+    cost = config.model
     whole = cost.forward_flops(plan.seq_len, plan.seq_len)
     forward = [f / whole for f in plan.segment_flops(cost)]
     if config.backward_split == "equal":
@@ -466,7 +474,7 @@ class _StageMemory:
     stage: int
 
     @property
-    def _model(self) -> ModelShape:
+    def _model(self) -> TransformerCost:
         return self.config.model
 
     @property
@@ -479,12 +487,12 @@ class _StageMemory:
 
     def model_state_bytes(self) -> int:
         cfg, model = self.config, self._model
-        params = self._layers * model.layer_params(cfg.tp)
+        params = self._layers * layer_params(model, cfg.tp)
         if self.stage == 0:
-            params += model.embedding_params(cfg.tp)
+            params += embedding_params(model, cfg.tp)
         if self._is_last:
             # Untied: the LM head; tied: the last stage's copy of the embedding.
-            params += model.embedding_params(cfg.tp) + model.final_norm_params()
+            params += embedding_params(model, cfg.tp) + final_norm_params(model)
         shards = cfg.dp if cfg.memory.distributed_optimizer else 1
         return params * (2 + 4) + -(-params * 12 // shards)
 
@@ -510,7 +518,7 @@ class _StageMemory:
         total = self._layers * per_layer
         if self._is_last:
             norm_and_head_inputs = 4 * model.dim / (cfg.tp if mem.sequence_parallel else 1)
-            loss_softmax = 4 * model.padded_vocab(cfg.tp) / cfg.tp
+            loss_softmax = 4 * padded_vocab(model, cfg.tp) / cfg.tp
             total += (norm_and_head_inputs + loss_softmax) * length * b
         return total
 
@@ -638,7 +646,7 @@ class SimResult:
             "analytic_bubble_fraction": self.analytic_bubble_fraction,
             "peak_memory_bytes": self.peak_memory_bytes,
             "config": {
-                "model": asdict(cfg.model),
+                "model": {"name": cfg.model_name, **asdict(cfg.model)},
                 "seq_len": cfg.seq_len,
                 "pp": cfg.pp,
                 "tp": cfg.tp,
@@ -716,6 +724,7 @@ class PaperConfig:
     def sim_config(self, schedule: str) -> SimConfig:
         return SimConfig(
             model=get_preset(self.model),
+            model_name=self.model,
             seq_len=self.seq_len,
             pp=self.pp,
             tp=self.tp,
@@ -930,7 +939,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ModelShape:
+def _model_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[str, TransformerCost]:
     dims = {"--layers": args.layers, "--dim": args.dim, "--heads": args.heads}
     extras = (args.kv_heads, args.ffn_dim, args.vocab, args.gated_mlp)
     explicit = any(v is not None for v in (*dims.values(), *extras))
@@ -939,7 +950,8 @@ def _model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             parser.error(
                 "give either --model or explicit dims (--layers/--dim/--heads...), not both"
             )
-        return get_preset(args.model or DEFAULT_SHAPE["model"])
+        name = args.model or DEFAULT_SHAPE["model"]
+        return name, get_preset(name)
     missing = [flag for flag, value in dims.items() if value is None]
     if missing:
         parser.error(
@@ -947,8 +959,7 @@ def _model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             f"{', '.join(missing)}), or use --model (one of {', '.join(sorted(MODEL_PRESETS))})"
         )
     try:
-        return ModelShape(
-            name="custom",
+        return "custom", TransformerCost(
             n_layers=args.layers,
             dim=args.dim,
             n_heads=args.heads,
@@ -983,7 +994,7 @@ def _chunks_per_schedule(
 def _configs_from_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> list[SimConfig]:
-    model = _model_from_args(parser, args)
+    model_name, model = _model_from_args(parser, args)
     for option in ("seq_len", "pp", "microbatches"):
         if getattr(args, option) is None:
             setattr(args, option, DEFAULT_SHAPE[option])
@@ -996,8 +1007,8 @@ def _configs_from_args(
         micro_batch_size=args.micro_batch_size,
     )
     base = dict(
-        model=model, seq_len=args.seq_len, pp=args.pp, tp=args.tp, dp=args.dp,
-        microbatches=args.microbatches, segments=args.segments,
+        model=model, model_name=model_name, seq_len=args.seq_len, pp=args.pp, tp=args.tp,
+        dp=args.dp, microbatches=args.microbatches, segments=args.segments,
         partition=args.partition, p2p_latency=args.p2p_latency, align=args.align,
         backward_split=args.backward_split, memory=memory,
     )
@@ -1017,7 +1028,7 @@ def _configs_from_args(
 def _print_results(results: list[SimResult]) -> None:
     cfg = results[0].config
     print(
-        f"model={cfg.model.name} seq_len={cfg.seq_len} pp={cfg.pp} tp={cfg.tp} dp={cfg.dp} "
+        f"model={cfg.model_name} seq_len={cfg.seq_len} pp={cfg.pp} tp={cfg.tp} dp={cfg.dp} "
         f"m={cfg.microbatches} partition={cfg.partition} p2p_latency={cfg.p2p_latency} "
         f"backward_split={cfg.backward_split}"
     )

@@ -27,7 +27,10 @@ class SegmentCost(Protocol):
 
 @dataclass(frozen=True)
 class TransformerCost:
-    """Forward FLOPs of a decoder-only transformer (Llama-style) per segment.
+    """A decoder-only transformer's shape, and its forward FLOPs per segment.
+
+    The segment planner reads the FLOPs; the simulator also counts parameters
+    and activations from the same shape (:mod:`torchtitan_seq1f1b.tools.model_shapes`).
 
     Args:
         n_layers: number of transformer blocks ``L``.
@@ -37,6 +40,13 @@ class TransformerCost:
         ffn_hidden_dim: MLP hidden width ``F``.
         vocab_size: output vocabulary ``V`` of the LM head.
         gated_mlp: SwiGLU-style MLP with three ``H x F`` matrices instead of two.
+        bias: linear layers carry biases (Megatron GPT) or not (Llama).
+        layernorm: LayerNorm (weight and bias) rather than RMSNorm (weight only).
+        tied_embeddings: the LM head reuses the input embedding. Under pipeline
+            parallelism the last stage still holds its own copy.
+        vocab_multiple: Megatron pads the vocabulary to a multiple of
+            ``vocab_multiple * tp`` (its ``--make-vocab-size-divisible-by``);
+            1 means no padding (torchtitan).
     """
 
     n_layers: int
@@ -46,9 +56,14 @@ class TransformerCost:
     ffn_hidden_dim: int
     vocab_size: int
     gated_mlp: bool = True
+    bias: bool = False
+    layernorm: bool = False
+    tied_embeddings: bool = False
+    vocab_multiple: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size"):
+        positive = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size")
+        for name in (*positive, "vocab_multiple"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")
@@ -62,6 +77,11 @@ class TransformerCost:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of one of K or V: ``n_kv_heads * head_dim``."""
+        return self.n_kv_heads * self.head_dim
 
     def forward_flops(self, length: int, end: int) -> int:
         """Exact forward FLOPs (2 per multiply-add) of tokens ``[end - length, end)``.
