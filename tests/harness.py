@@ -13,7 +13,9 @@ from unittest import mock
 
 import torch
 
-from torchtitan_seq1f1b import exactness, kv_store, schedule as schedule_module
+from torchtitan_seq1f1b import kv_store
+from torchtitan_seq1f1b.check import exactness
+from torchtitan_seq1f1b.schedule import runtime as schedule_runtime
 from torchtitan_seq1f1b.check.launch import RankFailure, run_ranks
 from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.actions import Order
@@ -152,7 +154,7 @@ def broken(what: str, case: Case) -> Iterator[None]:
         cls = SCHEDULES[case.schedule]
         build = cls._build_segment_order
         patch = contextlib.ExitStack()
-        patch.enter_context(mock.patch.object(schedule_module, "validate_order", lambda *a: None))
+        patch.enter_context(mock.patch.object(schedule_runtime, "validate_order", lambda *a: None))
         patch.enter_context(
             mock.patch.object(
                 cls,

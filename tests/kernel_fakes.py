@@ -15,15 +15,15 @@ import math
 
 import torch
 
-from torchtitan_seq1f1b.attention_backends import (
+from torchtitan_seq1f1b.attention import (
     AttentionBackend,
     FlashAttnBackend,
     KernelTarget,
     TorchFlashBackend,
 )
 from torchtitan_seq1f1b.check.kernels import reference_attention as naive_attention
-from torchtitan_seq1f1b.kernels.cuda_flash import lower_right_causal_attention_flash
-from torchtitan_seq1f1b.kernels.cuda_mem_efficient import lower_right_causal_attention_cuda
+from torchtitan_seq1f1b.attention.torch_varlen import lower_right_causal_attention_flash
+from torchtitan_seq1f1b.attention.cuda_mem_efficient import lower_right_causal_attention_cuda
 
 __all__ = [
     "FakeEfficientAttentionOps",

@@ -21,14 +21,15 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, bind_attention, wrap_attention
-from torchtitan_seq1f1b.attention_backends import (
+from torchtitan_seq1f1b.attention import (
     FlashAttnBackend,
     SDPABackend,
     TorchFlashBackend,
     resolve_backend,
 )
-from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit, _PrefixBuffers
-from torchtitan_seq1f1b import segmented
+from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.kv_store import _PrefixBuffers, KVStore, RunningUnit
+from torchtitan_seq1f1b.check import segmented
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.kernel_fakes import naive_attention, stand_in_backend
@@ -309,7 +310,7 @@ def test_store_writes_are_idempotent():
     bind_attention(attn, store)
     kv_bytes = 2 * 2 * plan.seq_len * 2 * 8 * 8  # k and v, (B, S, Hkv, D) float64
     for j in range(plan.num_segments):
-        with store.running_unit(SegmentUnit(0, j, plan)):
+        with store.running_unit(RunningUnit(Unit(0, j), plan)):
             first = attn(*_segment_inputs(plan, j))
             assert len(store) == 1 and store.nbytes == kv_bytes
             again = attn(*_segment_inputs(plan, j))
@@ -345,15 +346,15 @@ def test_store_free_drops_only_that_microbatch():
     attn, store = SegmentAwareAttention("sdpa"), KVStore()
     bind_attention(attn, store)
     for mb in (0, 1):
-        with store.running_unit(SegmentUnit(mb, 0, plan)):
+        with store.running_unit(RunningUnit(Unit(mb, 0), plan)):
             attn(*_segment_inputs(plan, 0, seed=40 + mb))
     assert len(store) == 2
     bytes_per_microbatch = store.nbytes // 2
     store.free(0)
     assert len(store) == 1 and store.nbytes == bytes_per_microbatch
-    with store.running_unit(SegmentUnit(0, 1, plan)), pytest.raises(RuntimeError, match="freed"):
+    with store.running_unit(RunningUnit(Unit(0, 1), plan)), pytest.raises(RuntimeError, match="freed"):
         attn(*_segment_inputs(plan, 1))
-    with store.running_unit(SegmentUnit(1, 1, plan)):  # microbatch 1 is intact
+    with store.running_unit(RunningUnit(Unit(1, 1), plan)):  # microbatch 1 is intact
         attn(*_segment_inputs(plan, 1, seed=41))
     store.free(1)
     assert len(store) == 0 and store.nbytes == 0
@@ -364,11 +365,11 @@ def test_store_rejects_out_of_order_and_wrong_lengths():
     plan = PLANS["5-3-4"]
     attn, store = SegmentAwareAttention("sdpa"), KVStore()
     bind_attention(attn, store)
-    with store.running_unit(SegmentUnit(0, 1, plan)), pytest.raises(RuntimeError):
+    with store.running_unit(RunningUnit(Unit(0, 1), plan)), pytest.raises(RuntimeError):
         attn(*_segment_inputs(plan, 1))
     assert len(store) == 0
     q, k, v = _segment_inputs(plan, 1)  # 3 tokens, but segment 0 has 5
-    with store.running_unit(SegmentUnit(0, 0, plan)), pytest.raises(
+    with store.running_unit(RunningUnit(Unit(0, 0), plan)), pytest.raises(
         ValueError, match=re.escape(str(plan))
     ):
         attn(q, k, v)
@@ -415,7 +416,7 @@ def test_enable_gqa_keyword_is_accepted():
     ref = attn(q, k, v, enable_gqa=True)
     outs = []
     for j, sl in enumerate(plan.slices()):
-        with store.running_unit(SegmentUnit(0, j, plan)):
+        with store.running_unit(RunningUnit(Unit(0, j), plan)):
             outs.append(attn(q[:, :, sl], k[:, :, sl], v[:, :, sl], enable_gqa=True))
     assert_close(torch.cat(outs, dim=2), ref, "3 segmented sdpa")
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan_seq1f1b.attention_backends import SDPABackend
+from torchtitan_seq1f1b.attention import SDPABackend
 from torchtitan_seq1f1b.check import distributed, stack
 from torchtitan_seq1f1b.check.__main__ import main
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES

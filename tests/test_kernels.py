@@ -16,14 +16,14 @@ import logging
 import pytest
 import torch
 
-from torchtitan_seq1f1b.attention_backends import (
-    _auto_choice,
+from torchtitan_seq1f1b.attention import (
     check_backend,
     FlashAttnBackend,
     KernelTarget,
     SDPABackend,
     TorchFlashBackend,
 )
+from torchtitan_seq1f1b.attention.choice import _auto_choice
 
 from tests.kernel_fakes import (
     FakeEfficientAttentionOps,
@@ -173,7 +173,7 @@ def test_auto_picks_a_kernel_that_can_run(
     capability(*cap)
     flash_attn_installed(installed)
     target = KernelTarget(CUDA, dtype, head_dim)
-    with caplog.at_level(logging.INFO, logger="torchtitan_seq1f1b.attention_backends"):
+    with caplog.at_level(logging.INFO, logger="torchtitan_seq1f1b.attention.choice"):
         chosen = check_backend("auto", target)
         assert check_backend("auto", target) is chosen  # decided once
     assert chosen.name == expected

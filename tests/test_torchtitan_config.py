@@ -62,7 +62,7 @@ def start(*args: str, tp: int = 1, cp: int = 1, pp: int = 2):
 )
 def test_real_hardware_configs_pass_start_up_checks(name, segments, monkeypatch):
     """On the H100s (sm90, flash-attn installed) the configs are written for."""
-    from torchtitan_seq1f1b.attention_backends import FlashAttnBackend
+    from torchtitan_seq1f1b.attention import FlashAttnBackend
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(FlashAttnBackend, "installed", classmethod(lambda cls: True))

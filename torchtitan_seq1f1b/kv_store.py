@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["KVStore", "SegmentUnit"]
+__all__ = ["KVStore", "RunningUnit"]
 
 
 class _PrefixBuffers:
@@ -114,10 +115,10 @@ class KVStore:
     def __init__(self):
         self._buffers: dict[tuple[nn.Module, int], _PrefixBuffers] = {}
         self.peak_bytes = 0
-        self.running: SegmentUnit | None = None
+        self.running: RunningUnit | None = None
 
     @contextlib.contextmanager
-    def running_unit(self, unit: "SegmentUnit | None") -> Iterator[None]:
+    def running_unit(self, unit: "RunningUnit | None") -> Iterator[None]:
         """Make ``unit`` the one the attention layers bound to this store see,
         on whichever thread autograd runs them."""
         previous, self.running = self.running, unit
@@ -138,21 +139,21 @@ class KVStore:
         k, v: (batch, segment_len, n_kv_heads, head_dim) for the running segment.
         Returns two (batch, segment_end, n_kv_heads, head_dim) views.
         """
-        unit = self.running
-        if unit is None:
+        running = self.running
+        if running is None:
             raise RuntimeError("KVStore.attach needs a running unit (see running_unit)")
-        plan, segment = unit.plan, unit.segment
+        plan, (microbatch, segment) = running.plan, running.unit
         if k.shape[1] != plan.lengths[segment]:
             raise ValueError(
                 f"segment {segment} of {plan} has {plan.lengths[segment]} tokens but "
                 f"attention received {k.shape[1]}; inputs must be cut with this plan"
             )
-        key = (layer, unit.microbatch)
+        key = (layer, microbatch)
         buffers = self._buffers.get(key)
         if buffers is None:
             if segment != 0:
                 raise RuntimeError(
-                    f"K/V of microbatch {unit.microbatch} were freed before segment "
+                    f"K/V of microbatch {microbatch} were freed before segment "
                     f"{segment} ran; segments must run in order"
                 )
             buffers = _PrefixBuffers(k, plan.seq_len, plan.offsets[-1])
@@ -177,9 +178,8 @@ class KVStore:
 
 
 @dataclass(frozen=True)
-class SegmentUnit:
-    """The (microbatch, segment) unit a Seq1F1B schedule is computing."""
+class RunningUnit:
+    """The unit a stage is computing, with the plan that places its tokens."""
 
-    microbatch: int
-    segment: int
+    unit: Unit
     plan: SegmentPlan

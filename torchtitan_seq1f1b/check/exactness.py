@@ -23,7 +23,7 @@ from torchtitan_seq1f1b import (
     SegmentAwareAttention,
     SegmentPlan,
 )
-from torchtitan_seq1f1b.attention_backends import AttentionBackend
+from torchtitan_seq1f1b.attention import AttentionBackend
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     TinyTransformer,

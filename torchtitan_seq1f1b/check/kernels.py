@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from torchtitan_seq1f1b.attention_backends import KernelTarget, resolve_backend
+from torchtitan_seq1f1b.attention import KernelTarget, resolve_backend
 from torchtitan_seq1f1b.check import relative_error, Result
 
 __all__ = ["kernel_results", "reference_attention"]

@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 
 from torchtitan_seq1f1b.attention import bind_attention
-from torchtitan_seq1f1b.kv_store import KVStore, SegmentUnit
+from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["SegmentedRun"]
@@ -59,7 +60,7 @@ class SegmentedRun:
         self.leaves: list[list[torch.Tensor] | None] = [None] * plan.num_segments
 
     def _unit(self, segment: int):
-        return self.store.running_unit(SegmentUnit(self.microbatch, segment, self.plan))
+        return self.store.running_unit(RunningUnit(Unit(self.microbatch, segment), self.plan))
 
     def _cut(self, x: torch.Tensor, segment: int) -> torch.Tensor:
         return x.narrow(self.seq_dim, self.plan.offsets[segment], self.plan.lengths[segment])

@@ -33,7 +33,7 @@ from torchtitan.protocols.train_spec import BaseModelArgs, ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
-from torchtitan_seq1f1b.attention_backends import check_backend, KernelTarget
+from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.schedule import (
     ScheduleInterleavedSeq1F1B,
     ScheduleSeq1F1B,

@@ -3,6 +3,8 @@
 
 """torch's CUDA flash attention kernel (FlashAttention 2), dense, bottom-right causal.
 
+The ``varlen`` backend.
+
 This is the kernel behind ``torch.nn.attention.varlen.varlen_attn``. Called
 dense, on (batch, heads, length, head_dim) tensors whose last dim is
 contiguous, it takes a K/V prefix that is a batch-strided slice of the
@@ -13,9 +15,18 @@ lower-right dispatch relies). GQA is native. The op has an autograd formula
 that saves q, k, v, the output and the logsumexp.
 """
 
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["lower_right_causal_attention_flash"]
+from torchtitan_seq1f1b.attention.backend import (
+    AttentionBackend,
+    check_heads,
+    flash_kernel_requirements,
+    KernelTarget,
+)
+
+__all__ = ["TorchFlashBackend", "lower_right_causal_attention_flash"]
 
 
 def lower_right_causal_attention_flash(
@@ -34,3 +45,22 @@ def lower_right_causal_attention_flash(
         scale=scale,
     )[0]
     return out.transpose(1, 2)
+
+
+class TorchFlashBackend(AttentionBackend):
+    """torch's own FlashAttention 2 kernel (the one behind ``varlen_attn``)."""
+
+    name = "varlen"
+
+    def __init__(self, kernel: Callable = lower_right_causal_attention_flash):
+        self.kernel = kernel
+
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        unmet = flash_kernel_requirements(target)
+        if target.capability in ((8, 6), (8, 9)) and target.head_dim > 192:
+            unmet.append("head_dim <= 192 on sm86/sm89 (torch's flash backward)")
+        return unmet
+
+    def __call__(self, q, k, v, scale):
+        check_heads(q, k)
+        return self.kernel(q, k, v, scale)

@@ -14,7 +14,9 @@ backward only, and the un-expanded prefix views are what is saved.
 
 import torch
 
-__all__ = ["lower_right_causal_attention_cuda"]
+from torchtitan_seq1f1b.attention.backend import KernelTarget
+
+__all__ = ["lower_right_causal_attention_cuda", "mem_efficient_requirements"]
 
 # torch.nn.attention.bias.CausalVariant.LOWER_RIGHT, as the kernel numbers it.
 _CAUSAL_FROM_BOTTOM_RIGHT = 2
@@ -99,3 +101,21 @@ def lower_right_causal_attention_cuda(
     CUDA-only ops on CPU.
     """
     return _LowerRightCausalAttentionCUDA.apply(q, k, v, scale, ops)
+
+
+def mem_efficient_requirements(target: KernelTarget) -> list[str]:
+    """What torch's CUDA memory-efficient kernel needs (the mask-free exact path)."""
+    if target.device.type != "cuda":
+        return [f"a CUDA device (this runs on {target.device.type})"]
+    unmet = []
+    capability = target.capability
+    if capability < (5, 0):
+        unmet.append(f"compute capability >= 5.0 (found {capability[0]}.{capability[1]})")
+    if target.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        unmet.append(f"fp16, bf16 or fp32 activations (found {target.dtype})")
+    elif target.dtype == torch.bfloat16 and capability < (8, 0):
+        unmet.append("compute capability >= 8.0 for bf16")
+    alignment = 4 if target.dtype == torch.float32 else 8
+    if target.head_dim % alignment:
+        unmet.append(f"head_dim a multiple of {alignment} (found {target.head_dim})")
+    return unmet

@@ -17,12 +17,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from torchtitan_seq1f1b.attention_backends import (
-    AttentionBackend,
-    KernelTarget,
-    raise_if_unmet,
-    resolve_backend,
-)
+from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
+from torchtitan_seq1f1b.attention.choice import raise_if_unmet, resolve_backend
 from torchtitan_seq1f1b.kv_store import KVStore
 
 __all__ = ["SegmentAwareAttention", "bind_attention", "wrap_attention"]

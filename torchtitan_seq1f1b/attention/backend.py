@@ -1,0 +1,98 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""What every attention backend computes, and where it can run.
+
+Every backend computes the same function: queries of a segment of ``Lq``
+tokens attend to ``Lk >= Lq`` keys whose last ``Lq`` positions are the
+segment itself, with the causal mask aligned bottom-right (query t sees keys
+``<= Lk - Lq + t``). Layouts are sequence-major:
+
+    q: (batch, Lq, n_heads, head_dim)
+    k, v: (batch, Lk, n_kv_heads, head_dim), n_heads % n_kv_heads == 0
+    returns (batch, Lq, n_heads, head_dim)
+
+k and v are usually batch-strided views of the K/V store's buffers; every
+kernel here takes them as they are (no packing copy) and none saves an
+(Lq, Lk) mask for backward.
+
+Each backend also states what it needs to run (:meth:`unmet_requirements`),
+so ``"auto"`` never picks a kernel that cannot run and a forced backend fails
+at start-up naming what is missing.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AttentionBackend", "KernelTarget", "check_heads", "flash_kernel_requirements"]
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """Where attention runs: what a kernel's requirements are checked against."""
+
+    device: torch.device
+    dtype: torch.dtype
+    head_dim: int
+
+    @classmethod
+    def of(cls, q: torch.Tensor) -> "KernelTarget":
+        return cls(q.device, q.dtype, q.shape[-1])
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """CUDA compute capability (major, minor), None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        return tuple(torch.cuda.get_device_capability(self.device))
+
+    def __str__(self) -> str:
+        where = self.device.type
+        if self.capability is not None:
+            where += f" sm{self.capability[0]}{self.capability[1]}"
+        return f"{where}, {str(self.dtype).removeprefix('torch.')}, head_dim {self.head_dim}"
+
+
+def flash_kernel_requirements(target: KernelTarget) -> list[str]:
+    """What FlashAttention 2 kernels (flash-attn's and torch's build) need."""
+    if target.device.type != "cuda":
+        return [f"a CUDA device (this runs on {target.device.type})"]
+    unmet = []
+    major, minor = target.capability
+    if (major, minor) < (8, 0):
+        unmet.append(f"compute capability >= 8.0 (Ampere or newer; found {major}.{minor})")
+    if target.dtype not in _HALF_DTYPES:
+        unmet.append(f"fp16 or bf16 activations (found {target.dtype})")
+    if target.head_dim > 256 or target.head_dim % 8:
+        # Other head dims are padded by the kernels' wrappers: a copy of the prefix.
+        unmet.append(f"head_dim a multiple of 8 and <= 256 (found {target.head_dim})")
+    return unmet
+
+
+def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.shape[2] % k.shape[2] != 0:
+        raise ValueError(
+            f"{q.shape[2]} query heads are not a multiple of {k.shape[2]} K/V heads"
+        )
+
+
+class AttentionBackend:
+    """Bottom-right causal attention of q against k/v (see module docstring)."""
+
+    name: str
+
+    def unmet_requirements(self, target: KernelTarget) -> list[str]:
+        """What this backend needs and ``target`` lacks; empty if it can run."""
+        raise NotImplementedError
+
+    def supports(self, q: torch.Tensor) -> bool:
+        """Whether this backend can run on ``q``'s device, dtype and head_dim."""
+        return not self.unmet_requirements(KernelTarget.of(q))
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,253 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The Seq1F1B runtime: torch's pipeline runtime over (microbatch, segment) units.
+
+Each microbatch is cut into the segments of a :class:`SegmentPlan` and the
+pipeline runs segments as its units of work (arXiv 2406.03488). Rank 0 then
+holds ``(p + k - 1) / k`` microbatches of activations instead of 1F1B's ``p``,
+and the bubble shrinks from ``(p-1)/(m+p-1)`` to ``(p-1)/(m*k+p-1)``.
+Gradients equal those of unsplit training: attention layers wrapped in
+:class:`~torchtitan_seq1f1b.attention.SegmentAwareAttention` see every earlier
+segment of their microbatch.
+
+torch's runtime sees unit (i, j) as its microbatch (chunk id) ``i*k + j``, so
+its lowering passes, send/receive machinery and FSDP hooks run unchanged;
+this class builds and validates the unit order, sizes each chunk's receive
+buffers for its segment, and turns per-unit losses back into per-microbatch
+ones.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks, TensorChunkSpec
+from torch.distributed.pipelining.stage import _PipelineStageBase
+
+from torchtitan_seq1f1b._torch_compat import (
+    _PipelineScheduleRuntime,
+    lower_forward_only,
+    resize_recv_buffers,
+    wrap_stage_compute,
+)
+from torchtitan_seq1f1b.actions import Order
+from torchtitan_seq1f1b.attention import bind_attention
+from torchtitan_seq1f1b.kv_store import KVStore
+from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
+from torchtitan_seq1f1b.schedule.rank_errors import raise_on_any_rank
+from torchtitan_seq1f1b.schedule.segment_inputs import SegmentSplitter
+from torchtitan_seq1f1b.schedule.stage_layout import check_one_stage_per_rank, check_plan
+from torchtitan_seq1f1b.schedule.unit_compute import UnitComputeScope
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+__all__ = ["ScheduleSeq1F1B"]
+
+
+class ScheduleSeq1F1B(_PipelineScheduleRuntime):
+    """Seq1F1B with one pipeline stage per rank.
+
+    Constructed and stepped like torch's schedules: ``step(*args, target=...,
+    losses=..., **kwargs)`` takes whole batches, splits them into
+    ``n_microbatches`` along the batch dim and each microbatch into the plan's
+    segments along ``seq_dim``; targets and sequence-shaped keyword tensors
+    are cut the same way. ``losses`` receives one value per real microbatch:
+    what ``loss_fn`` returned, summed over the microbatch's segments (like
+    torch's schedules, the reported losses are not normalised).
+
+    Gradients are those of ``sum(losses) / normaliser``. The normaliser is
+    ``loss_normalizer`` when set (e.g. the valid-token count of the global
+    batch under data parallelism or gradient accumulation, as torchtitan's
+    trainer computes it), else the step's valid target tokens when
+    ``scale_grads``, else 1.
+
+    Args:
+        stages: this rank's stage (a one-element list, or the stage itself).
+        n_microbatches: real microbatches per step (m).
+        segment_plan: how every sequence is cut (k = ``segment_plan.num_segments``).
+        loss_fn: ``loss_fn(output, target) -> tensor`` returning the *sum* of
+            the per-token losses of a segment. A mean per segment would weight
+            tokens unequally across segments.
+        scale_grads: divide every segment's loss by the step's number of
+            valid target tokens (``target != ignore_index``) so gradients are
+            those of the mean loss of the unsplit batch; ``False`` keeps sums.
+        seq_dim: sequence dim of inputs, targets and stage activations.
+        positions_kwarg: keyword through which the model takes global token
+            positions (RoPE). When set and the caller passes none, each unit
+            gets ``offset_j + arange(len_j)`` of shape (1, len_j).
+        ignore_index: target value that does not count as a token.
+    """
+
+    def __init__(
+        self,
+        stages: list[_PipelineStageBase] | _PipelineStageBase,
+        n_microbatches: int,
+        segment_plan: SegmentPlan,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        args_chunk_spec: tuple[TensorChunkSpec, ...] | None = None,
+        kwargs_chunk_spec: dict[str, TensorChunkSpec] | None = None,
+        output_merge_spec: dict[str, Any] | tuple[Any] | None = None,
+        scale_grads: bool = True,
+        seq_dim: int = 1,
+        positions_kwarg: str | None = None,
+        ignore_index: int = -100,
+    ):
+        stages = [stages] if isinstance(stages, _PipelineStageBase) else list(stages)
+        check_plan(n_microbatches, segment_plan)
+        self._check_stage_layout(stages)
+        self.segment_plan = segment_plan
+        self.num_segments = segment_plan.num_segments
+        self.n_real_microbatches = n_microbatches
+        super().__init__(
+            stages=stages,
+            n_microbatches=n_microbatches * self.num_segments,
+            loss_fn=loss_fn,
+            args_chunk_spec=args_chunk_spec,
+            kwargs_chunk_spec=kwargs_chunk_spec,
+            output_merge_spec=output_merge_spec,
+            # Normalisation happens per segment loss (see _compute_loss); the
+            # runtime must not divide again by its microbatch (unit) count.
+            scale_grads=False,
+        )
+        self._place_stages()
+        self.loss_normalizer: float | torch.Tensor | None = None
+        self._normalize_loss = scale_grads
+        self._step_normalizer: float | torch.Tensor = 1.0
+        self._segment_loss_sums: list[torch.Tensor] = []
+        self._seq_dim = seq_dim
+        self._ignore_index = ignore_index
+        self._splitter = SegmentSplitter(segment_plan, seq_dim, positions_kwarg)
+        self.kv_stores = {stage.stage_index: KVStore() for stage in stages}
+        scope = UnitComputeScope(segment_plan, self.kv_stores, seq_dim)
+        for stage in stages:
+            wrap_stage_compute(stage, scope)
+
+        self.segment_order = self._build_segment_order()
+        validate_order(
+            self.segment_order,
+            self._num_stages,
+            n_microbatches,
+            self.num_segments,
+            self._stage_to_rank,
+        )
+        self.pipeline_order = lower_order(self.segment_order, self.num_segments)
+        self._prepare_schedule_with_comms(self.pipeline_order)
+        self._train_order_with_comms = self.pipeline_order_with_comms
+        # eval() runs the forwards alone: torch's runtime would otherwise step
+        # through no-op backwards, and hand-offs between two stages on one rank
+        # (the V) refuse to run without a backward.
+        forwards_only = {
+            rank: [a for a in actions if a.kind == "F"]
+            for rank, actions in self.segment_order.items()
+        }
+        self._eval_order_with_comms = lower_forward_only(
+            lower_order(forwards_only, self.num_segments),
+            self._stage_to_rank,
+            self._num_stages,
+        )
+
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        check_one_stage_per_rank(stages, "ScheduleSeq1F1B")
+
+    def _place_stages(self) -> None:
+        """Set which rank runs each stage; torch's default is the loop ``s % p``."""
+
+    def _build_segment_order(self) -> Order:
+        """Every rank's compute order; subclasses replace it with their variant's."""
+        return seq1f1b_order(
+            self._num_stages, self.n_real_microbatches, self.num_segments
+        )
+
+    def _stage_to_rank(self, stage_index: int) -> int:
+        return self.stage_index_to_group_rank[stage_index]
+
+    @property
+    def _chunk_seq_lens(self) -> list[int]:
+        return list(self.segment_plan.lengths) * self.n_real_microbatches
+
+    def _initialize_stages(self, args, kwargs, target=None, loss_kwargs=None):
+        super()._initialize_stages(args, kwargs, target, loss_kwargs)
+        for stage in self._stages:
+            resize_recv_buffers(stage, self._chunk_seq_lens, self._seq_dim)
+
+    def _compute_loss(self, output, target, loss_kwargs=None):
+        loss_sum = super()._compute_loss(output, target, loss_kwargs)
+        self._segment_loss_sums.append(loss_sum.detach())
+        return loss_sum / self._step_normalizer
+
+    def _update_losses(self, stages, losses):
+        """Report one loss per real microbatch: its segments' summed ``loss_fn`` values."""
+        if self._internal_losses:
+            k = self.num_segments
+            sums = self._segment_loss_sums
+            self._internal_losses = [
+                torch.stack(sums[i : i + k]).sum() for i in range(0, len(sums), k)
+            ]
+        self._segment_loss_sums = []
+        saved, self._n_microbatches = self._n_microbatches, self.n_real_microbatches
+        try:
+            super()._update_losses(stages, losses)
+        finally:
+            self._n_microbatches = saved
+
+    def step(
+        self,
+        *args,
+        target=None,
+        losses: list | None = None,
+        return_outputs: bool = True,
+        loss_kwargs: dict[str, Any] | None = None,
+        **kwargs,
+    ):
+        """One pipeline step over whole-batch inputs; see the class docstring."""
+        if self._has_backward and not torch.is_grad_enabled():
+            raise RuntimeError(
+                "step() runs backward and cannot be used under torch.no_grad(); "
+                "call eval() instead"
+            )
+        raise_on_any_rank(self._stages[0], self._splitter.input_error(args, target))
+        self.pipeline_order_with_comms = (
+            self._train_order_with_comms if self._has_backward else self._eval_order_with_comms
+        )
+        for stage in self._stages:
+            stage.has_backward = self._has_backward
+            stage.clear_runtime_states()
+        for stage in self._stages:
+            store = self.kv_stores[stage.stage_index]
+            store.clear()
+            # Every step, so attention wrapped after construction is bound too.
+            bind_attention(stage.submod, store)
+
+        m = self.n_real_microbatches
+        args_mbs, kwargs_mbs = (
+            split_args_kwargs_into_chunks(
+                args, kwargs, m, self._args_chunk_spec, self._kwargs_chunk_spec
+            )
+            if args or kwargs
+            else ([()] * m, [{}] * m)
+        )
+        split, device = self._splitter, self._stages[0].device
+        arg_units = [u for mb in args_mbs for u in split.split_args(mb)]
+        kwarg_units = [u for mb in kwargs_mbs for u in split.split_kwargs(mb, device)]
+        target_units = None
+        self._segment_loss_sums = []
+        if target is not None:
+            self._step_normalizer = self._normalizer_for(target)
+            target_mbs, _ = split_args_kwargs_into_chunks((target,), None, m)
+            target_units = [u[0] for mb in target_mbs for u in split.split_args(mb)]
+
+        self._step_microbatches(
+            arg_units, kwarg_units, target_units, losses, return_outputs, loss_kwargs
+        )
+        for stage in self._stages:
+            if stage.is_last and return_outputs:
+                return split.merge_outputs(stage.output_chunks, self._output_merge_spec)
+        return None
+
+    def _normalizer_for(self, target: torch.Tensor) -> float | torch.Tensor:
+        if self.loss_normalizer is not None:
+            return self.loss_normalizer
+        if self._normalize_loss:
+            return float(max(int((target != self._ignore_index).sum()), 1))
+        return 1.0
