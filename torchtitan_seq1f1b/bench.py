@@ -65,7 +65,7 @@ from torchtitan_seq1f1b.schedule import (
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 from torchtitan_seq1f1b.tools.model_shapes import embedding_params, final_norm_params, layer_params
-from torchtitan_seq1f1b.simulate import (
+from torchtitan_seq1f1b.tools.simulate import (
     MemoryModel,
     number_at_least,
     positive_int,

@@ -42,8 +42,8 @@ from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs  # 
 from torchtitan_seq1f1b.orders import replay  # noqa: E402
 from torchtitan_seq1f1b.segmenting import TransformerCost  # noqa: E402
 from torchtitan_seq1f1b.tools.model_shapes import MODEL_PRESETS  # noqa: E402
-from torchtitan_seq1f1b.simulate import (  # noqa: E402
-    _unit_times,
+from torchtitan_seq1f1b.tools.simulate import (  # noqa: E402
+    unit_times as _unit_times,
     SCHEDULE_SPECS,
     schedule_order,
     SimConfig,

@@ -1,0 +1,60 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""How long each action takes, priced by FLOPs.
+
+Times are in forwards of one whole microbatch over one rank's share of the
+model (``L/p`` blocks, the LM head spread over all stages); backward = 2 x
+forward. docs/simulator.md, "Timeline model", says why.
+"""
+
+from collections.abc import Callable
+
+from torchtitan_seq1f1b.actions import SegmentAction
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+from torchtitan_seq1f1b.tools.simulate.config import SimConfig
+
+__all__ = ["action_duration", "unit_times"]
+
+
+def _weight_grad_flops(cost: TransformerCost, length: int, end: int) -> float:
+    """FLOPs of the weight gradients of tokens ``[end - length, end)``.
+
+    A matmul's weight gradient costs as much as its forward, so this is the
+    forward minus attention's QK^T and AV, which have no weights. In
+    ``forward_flops(s, end) = a s^2 + b s`` only attention depends on how
+    many keys a query sees, at ``-2a`` FLOPs per (query, key) pair.
+    """
+    a, _ = cost.flops_coefficients(end)
+    keys_attended = length * end - length * (length - 1) // 2
+    return cost.forward_flops(length, end) + 2 * a * keys_attended
+
+
+def unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
+    """Per-segment time of each action kind ("F", "B", "I", "W") on a stage holding L/p blocks.
+
+    Returns:
+        ``{kind: [time of segment j for j in range(k)]}``.
+    """
+    cost = config.model
+    whole = cost.forward_flops(plan.seq_len, plan.seq_len)
+    forward = [f / whole for f in plan.segment_flops(cost)]
+    if config.backward_split == "equal":
+        weight = forward
+    else:
+        weight = [
+            _weight_grad_flops(cost, n, end) / whole for n, end in zip(plan.lengths, plan.ends)
+        ]
+    return {
+        "F": forward,
+        "B": [2 * f for f in forward],
+        "I": [2 * f - w for f, w in zip(forward, weight)],
+        "W": weight,
+    }
+
+
+def action_duration(config: SimConfig, plan: SegmentPlan) -> Callable[[SegmentAction], float]:
+    """Time of one action: its kind's :func:`unit_times` scaled by its stage's share of blocks."""
+    times = unit_times(config, plan)
+    stage_share = [n * config.pp / config.model.n_layers for n in config.layers_per_stage()]
+    return lambda action: times[action.kind][action.segment] * stage_share[action.stage]
