@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from torchtitan_seq1f1b import bench
+from torchtitan_seq1f1b.tools import bench
+from torchtitan_seq1f1b.tools.bench import runner
 
 REQUIRED_KEYS = {
     "schedule", "pp", "microbatches", "segments", "partition", "step_time_s",
@@ -108,7 +109,7 @@ def test_bad_options_fail_before_any_rank_starts(argv, message, monkeypatch, cap
     def must_not_spawn(*args, **kwargs):
         raise AssertionError("ranks were started")
 
-    monkeypatch.setattr(bench, "run_ranks", must_not_spawn)
+    monkeypatch.setattr(runner, "run_ranks", must_not_spawn)
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--quick", *argv])
     assert exit_info.value.code == 2

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from torchtitan_seq1f1b import plot
+from torchtitan_seq1f1b.tools import plot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

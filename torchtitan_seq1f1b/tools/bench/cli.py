@@ -1,0 +1,150 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""``python -m torchtitan_seq1f1b.bench``: options, their checks, the run and its output."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from torchtitan_seq1f1b.tools.simulate import number_at_least, positive_int, write_json
+from torchtitan_seq1f1b.tools.bench.config import (
+    BenchConfig,
+    BenchRow,
+    FULL_PRESET,
+    plan_rows,
+    QUICK_PRESET,
+)
+from torchtitan_seq1f1b.tools.bench.runner import run_bench
+from torchtitan_seq1f1b.tools.bench.schedules import SCHEDULES
+from torchtitan_seq1f1b.tools.bench.table import print_table
+
+__all__ = ["main"]
+
+_non_negative_int = number_at_least(int, 0, "an integer >= 0")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchtitan_seq1f1b.bench",
+        description=(
+            "Train a small causal transformer with torch's pipeline schedules and Seq1F1B on "
+            "local gloo ranks (one CPU thread each); report step time, bubble and measured "
+            "activation memory against torch's 1F1B and the simulator's prediction."
+        ),
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="small model, m = pp, k in {1, 4}, 2 steps: a smoke run of a few minutes")
+    run = parser.add_argument_group("layout and rows")
+    run.add_argument("--pp", type=positive_int, default=2, help="pipeline ranks (default 2)")
+    run.add_argument("--microbatches", "-m", type=positive_int, nargs="+",
+                     help="microbatch counts (default: pp and 2*pp; --quick: pp)")
+    run.add_argument("--segments", "-k", type=positive_int, nargs="+",
+                     help="Seq1F1B segment counts (default: 1 2 4 8 for Seq1F1B, 1 2 4 for "
+                          "its interleaved and zero-bubble variants; --quick: 1 4)")
+    run.add_argument("--partitions", nargs="+", choices=("uniform", "balanced"),
+                     help="segment lengths for k > 1 (default both; --quick: balanced)")
+    run.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES),
+                     metavar="NAME", help=f"rows to run (default all: {', '.join(SCHEDULES)})")
+    run.add_argument("--steps", type=positive_int, help="timed steps per row (default 5; --quick: 2)")
+    run.add_argument("--warmup-steps", type=_non_negative_int,
+                     help="untimed steps per row first (default 1)")
+    model = parser.add_argument_group("model (default: the full or --quick size)")
+    for flag, help_text in (
+        ("--dim", "model width"),
+        ("--layers", "transformer blocks"),
+        ("--heads", "query heads"),
+        ("--kv-heads", "K/V heads"),
+        ("--ffn-dim", "MLP hidden width"),
+        ("--vocab", "vocabulary size"),
+        ("--seq-len", "tokens per sequence"),
+        ("--microbatch-size", "sequences per microbatch (default 1)"),
+    ):
+        model.add_argument(flag, type=positive_int, help=help_text)
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
+    out.add_argument("--timeout", type=float, default=3600,
+                     help="seconds before the ranks are declared hung (default 3600)")
+    return parser
+
+
+def _config_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[BenchConfig, list[BenchRow]]:
+    """Resolve defaults and reject what cannot run, before any process starts."""
+    preset = QUICK_PRESET if args.quick else FULL_PRESET
+    base = preset.model
+    model = dataclasses.replace(
+        base,
+        dim=args.dim or base.dim,
+        n_layers=args.layers or base.n_layers,
+        n_heads=args.heads or base.n_heads,
+        n_kv_heads=args.kv_heads or base.n_kv_heads,
+        ffn_hidden_dim=args.ffn_dim or base.ffn_hidden_dim,
+        vocab_size=args.vocab or base.vocab_size,
+    )
+    try:
+        model.cost()
+    except ValueError as error:
+        parser.error(f"{error} (model options --dim/--heads/--kv-heads)")
+    if (model.dim // model.n_heads) % 2:
+        parser.error(
+            f"--dim {model.dim} / --heads {model.n_heads} gives an odd head dim; "
+            "RoPE needs an even one"
+        )
+    pp = args.pp
+    if pp < 2:
+        parser.error(f"--pp {pp}: a pipeline needs at least 2 ranks; use --pp 2 or more")
+    seq_len = args.seq_len or preset.seq_len
+    microbatches = args.microbatches or [pp * n for n in preset.microbatches_per_pp]
+    segments = args.segments or preset.segments
+    for k in segments or ():
+        if seq_len % k:
+            divisors = " ".join(str(d) for d in range(1, 17) if seq_len % d == 0)
+            parser.error(
+                f"--segments {k} does not divide --seq-len {seq_len}; pick segment counts "
+                f"that divide the sequence length (up to 16: {divisors})"
+            )
+    for name in args.schedules:
+        spec = SCHEDULES[name]
+        stages = pp * spec.stages_per_rank
+        if model.n_layers % stages:
+            parser.error(
+                f"--layers {model.n_layers} does not split into the {stages} equal stages "
+                f"{name} needs with --pp {pp} ({spec.stages_per_rank} per rank); use --layers "
+                f"a multiple of {stages}, another --pp, or leave {name} out of --schedules"
+            )
+        for m in microbatches:
+            reason = spec.constraint(pp, m) if spec.constraint else None
+            if reason:
+                parser.error(
+                    f"{name} {reason} with --pp {pp} --microbatches {m}; pass --microbatches "
+                    f"values that fit, or leave {name} out of --schedules"
+                )
+    config = BenchConfig(
+        model=model,
+        seq_len=seq_len,
+        pp=pp,
+        microbatch_size=args.microbatch_size or 1,
+        steps=args.steps or preset.steps,
+        warmup_steps=preset.warmup_steps if args.warmup_steps is None else args.warmup_steps,
+    )
+    partitions = args.partitions or preset.partitions
+    return config, plan_rows(args.schedules, microbatches, segments, partitions)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    config, rows = _config_from_args(parser, args)
+    print(f"running {len(rows)} rows on {config.pp} gloo ranks...", flush=True)
+    started = time.perf_counter()
+    records = run_bench(config, rows, timeout=args.timeout)
+    print_table(config, records)
+    print(f"total wall time {time.perf_counter() - started:.1f}s")
+    if args.json:
+        write_json(parser, args.json, records)
+    return 0

@@ -1,0 +1,157 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""What a benchmark run measures: the model and repetitions, the rows, and the presets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+from torchtitan_seq1f1b.tools.bench.schedules import BenchSchedule, SCHEDULES
+from torchtitan_seq1f1b.tools.model_shapes import embedding_params, final_norm_params, layer_params
+
+__all__ = [
+    "BenchConfig",
+    "BenchPreset",
+    "BenchRow",
+    "FULL_PRESET",
+    "QUICK_PRESET",
+    "plan_rows",
+]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Model, data and repetition settings shared by every row.
+
+    Args:
+        model: the transformer's shape.
+        seq_len: tokens per sequence.
+        pp: pipeline ranks.
+        microbatch_size: sequences per microbatch.
+        steps: timed steps per row (the median is reported).
+        warmup_steps: untimed steps first (shape inference, allocator warm-up).
+        seed: weights and tokens.
+    """
+
+    model: TinyTransformerArgs
+    seq_len: int
+    pp: int
+    microbatch_size: int = 1
+    steps: int = 5
+    warmup_steps: int = 1
+    seed: int = 0
+
+    def describe(self) -> dict:
+        args, shape = self.model, self.model.cost()
+        parameters = (
+            shape.n_layers * layer_params(shape, tp=1)
+            + 2 * embedding_params(shape, tp=1)  # untied input embedding and LM head
+            + final_norm_params(shape)
+        )
+        return {
+            "dim": args.dim,
+            "n_layers": args.n_layers,
+            "n_heads": args.n_heads,
+            "n_kv_heads": args.n_kv_heads,
+            "ffn_hidden_dim": args.ffn_hidden_dim,
+            "vocab_size": args.vocab_size,
+            "seq_len": self.seq_len,
+            "microbatch_size": self.microbatch_size,
+            "parameters": parameters,
+            "dtype": "float32",
+            "attention": "SDPA (CPU flash kernel)",
+        }
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One measured configuration: a schedule, m, and (Seq1F1B) k and partition."""
+
+    schedule: str
+    microbatches: int
+    segments: int = 1
+    partition: str | None = None
+
+    @property
+    def spec(self) -> BenchSchedule:
+        return SCHEDULES[self.schedule]
+
+    def plan(self, config: BenchConfig) -> SegmentPlan:
+        if self.partition == "balanced":
+            return SegmentPlan.balanced(config.seq_len, self.segments, config.model.cost())
+        return SegmentPlan.uniform(config.seq_len, self.segments)
+
+    def label(self) -> str:
+        if not self.spec.segmented:
+            return self.schedule
+        partition = f" {self.partition}" if self.segments > 1 else ""
+        return f"{self.schedule} k={self.segments}{partition}"
+
+
+def plan_rows(
+    schedules: Sequence[str],
+    microbatches: Sequence[int],
+    segments: Sequence[int] | None,
+    partitions: Sequence[str],
+) -> list[BenchRow]:
+    """Every row to run; Seq1F1B's k = 1 once (both partitions coincide)."""
+    rows = []
+    for m in microbatches:
+        for name in schedules:
+            spec = SCHEDULES[name]
+            if not spec.segmented:
+                rows.append(BenchRow(name, m))
+                continue
+            for k in segments or spec.default_segments:
+                for partition in partitions if k > 1 else ("uniform",):
+                    rows.append(BenchRow(name, m, k, partition))
+    return rows
+
+
+@dataclass(frozen=True)
+class BenchPreset:
+    """Defaults of a run; command-line options override each of them.
+
+    ``microbatches_per_pp``: microbatch counts as multiples of pp.
+    ``segments``: k for every Seq1F1B schedule, or None for each one's defaults.
+    """
+
+    model: TinyTransformerArgs
+    seq_len: int
+    microbatches_per_pp: tuple[int, ...]
+    segments: tuple[int, ...] | None
+    partitions: tuple[str, ...]
+    steps: int
+    warmup_steps: int
+
+
+# One step of 1F1B at pp=2, m=2 takes about 1.5 s on one core per rank: large
+# enough that compute dominates gloo p2p and Python overheads.
+FULL_PRESET = BenchPreset(
+    model=TinyTransformerArgs(
+        vocab_size=2048, dim=256, n_layers=8, n_heads=8, n_kv_heads=2, ffn_hidden_dim=768,
+        attention_backend="sdpa",
+    ),
+    seq_len=1024,
+    microbatches_per_pp=(1, 2),
+    segments=None,
+    partitions=("uniform", "balanced"),
+    steps=5,
+    warmup_steps=1,
+)
+QUICK_PRESET = BenchPreset(
+    model=TinyTransformerArgs(
+        vocab_size=1024, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=384,
+        attention_backend="sdpa",
+    ),
+    seq_len=512,
+    microbatches_per_pp=(1,),
+    segments=(1, 4),
+    partitions=("balanced",),
+    steps=2,
+    warmup_steps=1,
+)

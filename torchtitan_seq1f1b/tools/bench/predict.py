@@ -1,0 +1,97 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The simulator's prediction of each row, and every row's ratios to 1F1B."""
+
+from __future__ import annotations
+
+import statistics
+
+from torchtitan_seq1f1b.tools.simulate import (
+    MemoryModel,
+    SCHEDULES as SIMULATED_SCHEDULES,
+    SimConfig,
+    simulate,
+    SimResult,
+)
+from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
+
+__all__ = ["activation_peaks", "add_comparisons", "memory_model", "predict"]
+
+BASELINE = "1F1B"
+
+
+def memory_model(microbatch_size: int = 1) -> MemoryModel:
+    """The simulator's memory model for what the bench runs.
+
+    No TP, no dropout, SDPA's CPU flash kernel (no score matrix saved), this
+    repo's preallocated K/V store. The simulator counts bf16 activations with
+    Korthikanti's per-token constants, the bench measures fp32 tensors: compare
+    ratios to 1F1B, not bytes.
+    """
+    return MemoryModel(
+        sequence_parallel=False,
+        attention="flash",
+        dropout=False,
+        kv_store="preallocated",
+        micro_batch_size=microbatch_size,
+    )
+
+
+def predict(config: BenchConfig, row: BenchRow) -> SimResult | None:
+    """The simulator's result for ``row``, or None if it does not model that schedule."""
+    if row.schedule not in SIMULATED_SCHEDULES:
+        return None
+    try:
+        sim_config = SimConfig(
+            model=config.model.cost(),
+            model_name="bench",
+            seq_len=config.seq_len,
+            pp=config.pp,
+            microbatches=row.microbatches,
+            segments=row.segments,
+            schedule=row.schedule,
+            v=row.spec.stages_per_rank,
+            partition=row.partition or "uniform",
+            memory=memory_model(config.microbatch_size),
+        )
+    except (NotImplementedError, ValueError):  # a layout the simulator does not model
+        return None
+    return simulate(sim_config)
+
+
+def activation_peaks(result: SimResult) -> list[int]:
+    """Simulated activation + K/V peak per rank in bytes (model states left out)."""
+    return [r.peak_memory_bytes - r.model_state_bytes for r in result.ranks]
+
+
+def add_comparisons(config: BenchConfig, rows: list[BenchRow], records: list[dict]) -> None:
+    """Ratios against 1F1B (same m), measured and simulated, added to each record."""
+    baselines = {
+        row.microbatches: (record, predict(config, row))
+        for row, record in zip(rows, records)
+        if row.schedule == BASELINE
+    }
+    for row, record in zip(rows, records):
+        predicted = predict(config, row)
+        record["predicted"] = None if predicted is None else {
+            "makespan": predicted.makespan,
+            "bubble_fraction": predicted.bubble_fraction,
+            "peak_activation_bytes": activation_peaks(predicted),
+        }
+        base_record, base_predicted = baselines.get(row.microbatches, (None, None))
+        if base_record is None:
+            continue
+        # Paired by round: both steps ran within one pass over the rows.
+        record["step_time_ratios"] = [
+            mine / base for mine, base in zip(record["step_times_s"], base_record["step_times_s"])
+        ]
+        record["step_time_ratio"] = statistics.median(record["step_time_ratios"])
+        record["peak_activation_ratio"] = (
+            record["peak_activation_bytes"][0] / base_record["peak_activation_bytes"][0]
+        )
+        if predicted is not None and base_predicted is not None:
+            record["predicted"]["step_time_ratio"] = predicted.makespan / base_predicted.makespan
+            record["predicted"]["peak_activation_ratio"] = (
+                activation_peaks(predicted)[0] / activation_peaks(base_predicted)[0]
+            )

@@ -1,0 +1,121 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Run the rows on local gloo ranks: build each row's stages and schedule, step, measure."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+from torchtitan_seq1f1b._torch_compat.introspection import timed_p2p_waits
+from torchtitan_seq1f1b.check.launch import run_ranks
+from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformer, token_sum_cross_entropy
+from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
+from torchtitan_seq1f1b.tools.bench.predict import add_comparisons
+from torchtitan_seq1f1b.tools.bench.probes import ActivationMemoryProbe, ComputeRecorder
+from torchtitan_seq1f1b.tools.bench.records import RankRun, row_record, StepTiming
+
+__all__ = ["run_bench"]
+
+
+def _batch(config: BenchConfig, microbatches: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded tokens and targets: (microbatches * microbatch_size, seq_len)."""
+    gen = torch.Generator().manual_seed(config.seed + 1)
+    shape = (microbatches * config.microbatch_size, config.seq_len)
+    tokens = torch.randint(0, config.model.vocab_size, shape, generator=gen)
+    target = torch.randint(0, config.model.vocab_size, shape, generator=gen)
+    return tokens, target
+
+
+def _build_schedule(row: BenchRow, stages: list[PipelineStage], config: BenchConfig):
+    spec = row.spec
+    if spec.segmented:
+        return spec.schedule_cls(
+            stages,
+            row.microbatches,
+            row.plan(config),
+            loss_fn=token_sum_cross_entropy,
+            positions_kwarg="positions",
+        )
+    if issubclass(spec.schedule_cls, PipelineScheduleSingle):
+        return spec.schedule_cls(stages[0], row.microbatches, loss_fn=token_sum_cross_entropy)
+    return spec.schedule_cls(stages, row.microbatches, loss_fn=token_sum_cross_entropy)
+
+
+class _RankRow:
+    """One row's stages and schedule on this rank, ready to step."""
+
+    def __init__(self, rank: int, pp: int, model: TinyTransformer, config: BenchConfig, row: BenchRow):
+        spec = row.spec
+        num_stages = pp * spec.stages_per_rank
+        indices = spec.stage_indices(rank, pp)
+        self.parts = [model.stage(i, num_stages) for i in indices]
+        self.stages = [
+            PipelineStage(part, i, num_stages, torch.device("cpu"))
+            for part, i in zip(self.parts, indices)
+        ]
+        self.schedule = _build_schedule(row, self.stages, config)
+        self.kv_stores = [self.schedule.kv_stores[i] for i in indices] if spec.segmented else []
+        tokens, target = _batch(config, row.microbatches)
+        self.inputs = (tokens,) if 0 in indices else ()
+        self.target = target if num_stages - 1 in indices else None
+
+    def synchronised_step(self) -> StepTiming:
+        """One step between two barriers, timing its p2p waits and compute calls."""
+        for part in self.parts:
+            part.zero_grad(set_to_none=False)
+        with timed_p2p_waits() as waits, ComputeRecorder(self.stages) as recorder:
+            dist.barrier()
+            start = time.perf_counter()
+            self.schedule.step(*self.inputs, target=self.target, return_outputs=False)
+            finish = time.perf_counter()
+            dist.barrier()
+            end = time.perf_counter()
+        return StepTiming(start, finish, end, waits.seconds, recorder.spans)
+
+    def measure_memory(self) -> ActivationMemoryProbe:
+        # Its own step: saved-tensor hooks cost time the timed steps should not pay.
+        with ActivationMemoryProbe(self.parts, self.kv_stores) as probe:
+            self.synchronised_step()
+        return probe
+
+
+def _rank_worker(
+    rank: int, world_size: int, config: BenchConfig, rows: list[BenchRow]
+) -> list[RankRun]:
+    """Every row on this rank, from the same initial weights (each row copies its stages).
+
+    Steps go round-robin over the rows, so a machine that slows down for a
+    while (shared or virtual CPUs) slows every row alike instead of a few.
+    """
+    torch.manual_seed(config.seed)
+    model = TinyTransformer(config.model)
+    prepared = [_RankRow(rank, world_size, model, config, row) for row in rows]
+    for _ in range(config.warmup_steps):
+        for row in prepared:
+            row.synchronised_step()
+    timings: list[list[StepTiming]] = [[] for _ in rows]
+    for _ in range(config.steps):
+        for row, steps in zip(prepared, timings):
+            steps.append(row.synchronised_step())
+    runs = []
+    for row, steps in zip(prepared, timings):
+        probe = row.measure_memory()
+        runs.append(RankRun(steps, probe.peak_bytes, probe.peak_saved_bytes, probe.peak_kv_bytes))
+    return runs
+
+
+def run_bench(config: BenchConfig, rows: list[BenchRow], timeout: float = 3600) -> list[dict]:
+    """Run every row on ``config.pp`` local gloo ranks; one record per row."""
+    per_rank = run_ranks(_rank_worker, config.pp, config, rows, timeout=timeout)
+    records = [
+        row_record(config, row, [per_rank[rank][i] for rank in range(config.pp)])
+        for i, row in enumerate(rows)
+    ]
+    add_comparisons(config, rows, records)
+    return records
