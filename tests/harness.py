@@ -1,11 +1,18 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""What the multi-process exactness tests import: cases, the unsplit reference,
-pipelined runs (:mod:`torchtitan_seq1f1b.check.exactness`), optionally through a GPU
-kernel's CPU stand-in, and the gloo launcher."""
+"""What the tests share.
+
+- attention checks: float64 inputs, relative errors (the worst per check family
+  is kept in ``WORST`` for the modules to print), segmented-vs-unsplit runs;
+- multi-process exactness: cases, the unsplit reference, pipelined runs
+  (:mod:`torchtitan_seq1f1b.check.exactness`), optionally through a GPU
+  kernel's CPU stand-in, and the gloo launcher;
+- torchtitan jobs under torchrun (:mod:`torchtitan_seq1f1b.check.titan_runs`).
+"""
 
 import contextlib
+import functools
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,28 +21,147 @@ from unittest import mock
 import torch
 
 from torchtitan_seq1f1b import kv_store
-from torchtitan_seq1f1b.check import exactness
-from torchtitan_seq1f1b.schedule import runtime as schedule_runtime
-from torchtitan_seq1f1b.check.launch import RankFailure, run_ranks
-from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.actions import Order
+from torchtitan_seq1f1b.attention import SDPABackend
+from torchtitan_seq1f1b.check import exactness, segmented
+from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
+from torchtitan_seq1f1b.check.launch import RankFailure, run_ranks
+from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, REPO, Run, RunFailed, TEST_ARGS, torchrun
+from torchtitan_seq1f1b.kv_store import KVStore
+from torchtitan_seq1f1b.schedule import runtime as schedule_runtime
+from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.kernel_fakes import stand_in_backend
 
 __all__ = [
+    "BACKEND_CASES",
     "BREAKS",
     "Case",
+    "DEBUG_CONFIG",
+    "EXACT",
+    "F64",
+    "HEADS",
+    "PLANS",
+    "REPO",
     "RankFailure",
+    "Run",
+    "RunFailed",
     "SCHEDULES",
+    "SegmentedRun",
+    "TEST_ARGS",
+    "WORST",
+    "assert_close",
+    "attention_inputs",
+    "backend_inputs",
     "broken",
+    "compare_segmented",
     "expected_kv_peak_bytes",
+    "make_backend",
+    "output_and_grads",
     "pipelined",
     "pipelined_broken",
     "pipelined_cases",
+    "randn",
     "reference",
+    "rel_err",
     "run_ranks",
+    "torchrun",
     "worst_relative_grad_error",
 ]
+
+
+F64 = torch.float64
+EXACT = 1e-12  # relative tolerance for float64 comparisons
+
+# Worst relative error seen per check family; printed at module teardown (-s).
+WORST: dict[str, float] = defaultdict(float)
+
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected| (0 when both are zero)."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = expected.abs().max().item()
+    diff = (actual - expected).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def assert_close(actual, expected, family: str, rtol: float = EXACT, what: str = ""):
+    err = rel_err(actual.detach(), expected.detach())
+    WORST[family] = max(WORST[family], err)
+    assert err <= rtol, f"{family} {what}: relative error {err:.3e} > {rtol:.1e}"
+
+
+def randn(*shape, seed: int, dtype=F64, device="cpu") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen, dtype=F64).to(dtype=dtype, device=device)
+
+
+def output_and_grads(fn, inputs, grad_out):
+    """fn(*leaves) and d(fn . grad_out)/d leaves, for fresh leaf copies of inputs."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+def make_backend(name: str):
+    """(backend runnable on CPU float64, its stand-in kernel or None)."""
+    if name == "sdpa":
+        return SDPABackend(), None
+    return stand_in_backend(name)
+
+
+# (batch, q_len, k_len, n_heads, n_kv_heads, scale)
+BACKEND_CASES = [
+    (1, 7, 7, 4, 4, None),
+    (2, 7, 7, 4, 2, 0.3),
+    (1, 3, 8, 4, 4, 0.3),
+    (2, 3, 8, 4, 2, None),
+    (2, 5, 11, 4, 1, 0.7),
+    (1, 1, 6, 4, 1, None),
+    (2, 6, 6, 4, 1, 1.3),
+]
+
+
+def backend_inputs(batch, q_len, k_len, n_heads, n_kv, head_dim=8, seed=0):
+    q = randn(batch, q_len, n_heads, head_dim, seed=seed)
+    k = randn(batch, k_len, n_kv, head_dim, seed=seed + 1)
+    v = randn(batch, k_len, n_kv, head_dim, seed=seed + 2)
+    grad_out = randn(batch, q_len, n_heads, head_dim, seed=seed + 3)
+    return (q, k, v), grad_out
+
+
+# q, k, v (batch, heads, seq_len, head_dim) run segment by segment.
+SegmentedRun = functools.partial(segmented.SegmentedRun, seq_dim=2)
+
+
+def attention_inputs(batch, n_heads, n_kv, seq_len, head_dim=8, seed=0):
+    q = randn(batch, n_heads, seq_len, head_dim, seed=seed)
+    k = randn(batch, n_kv, seq_len, head_dim, seed=seed + 1)
+    v = randn(batch, n_kv, seq_len, head_dim, seed=seed + 2)
+    grad_out = randn(batch, n_heads, seq_len, head_dim, seed=seed + 3)
+    return (q, k, v), grad_out
+
+
+def compare_segmented(fn, inputs, grad_out, plan, family, rtol=EXACT):
+    """Segmented run == unsplit run (no unit active): outputs and every input grad."""
+    ref, ref_grads = output_and_grads(fn, inputs, grad_out)
+    store = KVStore()
+    out, grads = SegmentedRun(fn, inputs, plan, store, microbatch=0).run(grad_out)
+    assert len(store) == 0 and store.nbytes == 0
+    assert_close(out, ref, family, rtol, what="out")
+    for i, (g, rg) in enumerate(zip(grads, ref_grads)):
+        assert_close(g, rg, family, rtol, what=f"grad of input {i}")
+
+
+PLANS = {
+    "5-3-4": SegmentPlan.from_lengths((5, 3, 4)),
+    "uniform4": SegmentPlan.uniform(12, 4),
+    "1-1-10": SegmentPlan.from_lengths((1, 1, 10)),
+    "single": SegmentPlan.from_lengths((12,)),
+}
+HEADS = {"mha": (4, 4), "gqa2": (4, 2), "gqa1": (4, 1)}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.titan import REPO
+from tests.harness import REPO
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNERS = ("torchrun ", "python -m torchtitan_seq1f1b", "python -m pytest")

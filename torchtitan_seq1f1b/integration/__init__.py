@@ -1,61 +1,33 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Seq1F1B as a torchtitan 0.2.2 ``pipeline_parallel_schedule``.
+"""torchtitan glue: one adapter per torchtitan release, sharing the ``[seq1f1b]`` options.
 
-``install()`` runs when the package is imported inside a torchtitan job
-(``[experimental] custom_import`` or ``[job] custom_config_module``):
+- :mod:`.options`: the ``[seq1f1b]`` options, one dataclass for every adapter;
+- :mod:`.schedules`: the Seq1F1B schedule names a job selects;
+- :mod:`.titan_0_2`: the torchtitan 0.2.2 adapter (TOML configs,
+  ``custom_config_module``, train-spec and trainer hooks).
 
-- torchtitan's config parsing names the valid ``[seq1f1b]`` keys and schedule
-  names, with the closest one, when a job misspells them;
-- the llama3 train spec gets :func:`pipeline_llm_seq1f1b` as its pipelining
-  function (every schedule name but "Seq1F1B", "InterleavedSeq1F1B",
-  "Seq1F1BZeroBubble" and "Seq1F1BZBV" still goes to torchtitan's own)
-  and a metrics processor with Seq1F1B's figures;
-- the trainer hands its global valid-token count to the schedule;
-- the shipped dataset is registered, and a TOML's repo-relative path to the
-  shipped tokenizer also works from an installed package;
-- on a machine without an accelerator, torchtitan runs on CPU with gloo.
+The package's ``__init__`` calls :func:`install` when it is imported inside a
+torchtitan process; nothing here imports torchtitan before that.
 """
 
-import dataclasses
+from importlib import import_module
+from importlib.metadata import version
 
-from torchtitan.components.tokenizer import build_hf_tokenizer, HuggingFaceTokenizer
-from torchtitan.config import JobConfig
-from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+__all__ = ["install"]
 
-from torchtitan_seq1f1b.data import register_datasets, resolve_hf_assets_path
-from torchtitan_seq1f1b.integration.config_checks import install_config_checks
-from torchtitan_seq1f1b.integration.cpu import enable_cpu_training
-from torchtitan_seq1f1b.integration.metrics import build_seq1f1b_metrics_processor
-from torchtitan_seq1f1b.integration.pipeline import pipeline_llm_seq1f1b, SCHEDULES
-from torchtitan_seq1f1b.integration.trainer import install_trainer_hook
-
-__all__ = ["SCHEDULES", "install", "pipeline_llm_seq1f1b"]
-
-MODEL_NAMES = ("llama3",)
+ADAPTERS = {"0.2": "torchtitan_seq1f1b.integration.titan_0_2"}
 
 
 def install() -> None:
-    """Idempotent; see the module docstring."""
-    install_config_checks()
-    enable_cpu_training()
-    register_datasets()
-    for name in MODEL_NAMES:
-        spec = get_train_spec(name)
-        if spec.pipelining_fn is not pipeline_llm_seq1f1b:
-            register_train_spec(
-                name,
-                dataclasses.replace(
-                    spec,
-                    pipelining_fn=pipeline_llm_seq1f1b,
-                    build_tokenizer_fn=build_tokenizer,
-                    build_metrics_processor_fn=build_seq1f1b_metrics_processor,
-                ),
-            )
-    install_trainer_hook()
-
-
-def build_tokenizer(job_config: JobConfig) -> HuggingFaceTokenizer:
-    job_config.model.hf_assets_path = resolve_hf_assets_path(job_config.model.hf_assets_path)
-    return build_hf_tokenizer(job_config)
+    """Hook Seq1F1B into the running torchtitan through the adapter for its release."""
+    installed = version("torchtitan")
+    release = ".".join(installed.split(".")[:2])
+    if release not in ADAPTERS:
+        raise RuntimeError(
+            f"torchtitan_seq1f1b has adapters for torchtitan {sorted(ADAPTERS)} but "
+            f"torchtitan {installed} is installed; install a supported release "
+            "(pip install 'torchtitan==0.2.2')"
+        )
+    import_module(ADAPTERS[release]).install()

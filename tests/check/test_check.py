@@ -24,7 +24,7 @@ from torchtitan_seq1f1b.kv_store import KVStore
 
 from tests import conftest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cpu_check_passes(tmp_path):

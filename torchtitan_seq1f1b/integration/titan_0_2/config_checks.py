@@ -30,8 +30,8 @@ import torch.distributed.pipelining as pipelining
 from torch.distributed.pipelining.schedules import get_schedule_class
 from torchtitan.config import ConfigManager
 
-from torchtitan_seq1f1b.integration.pipeline import SCHEDULES
-from torchtitan_seq1f1b.job_config import Seq1F1B
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES
+from torchtitan_seq1f1b.integration.options import Seq1F1B
 
 __all__ = [
     "Seq1F1BUsageError",

@@ -16,7 +16,6 @@ segment-aware, and the parts run with a plan derived from
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -34,39 +33,11 @@ from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
 from torchtitan_seq1f1b.attention import check_backend, KernelTarget
-from torchtitan_seq1f1b.schedule import (
-    ScheduleInterleavedSeq1F1B,
-    ScheduleSeq1F1B,
-    ScheduleSeq1F1BZBV,
-    ScheduleSeq1F1BZeroBubble,
-)
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES, ScheduleEntry, SPLIT_BACKWARD_SCHEDULES
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
-__all__ = ["SCHEDULES", "pipeline_llm_seq1f1b", "segment_plan_for"]
-
-
-@dataclass(frozen=True)
-class _ScheduleEntry:
-    schedule_class: type[ScheduleSeq1F1B]
-    # A torch schedule with the same stage layout, for pipeline_module_split
-    # (loop or V placement) and for torchtitan's stage-count rules.
-    layout_of: str
-    min_stages_per_rank: int = 1
-    max_stages_per_rank: int | None = 1
-
-
-SCHEDULES = {
-    "Seq1F1B": _ScheduleEntry(ScheduleSeq1F1B, "1F1B"),
-    "InterleavedSeq1F1B": _ScheduleEntry(
-        ScheduleInterleavedSeq1F1B, "Interleaved1F1B", 2, None
-    ),
-    "Seq1F1BZeroBubble": _ScheduleEntry(ScheduleSeq1F1BZeroBubble, "1F1B"),
-    "Seq1F1BZBV": _ScheduleEntry(ScheduleSeq1F1BZBV, "ZBVZeroBubble", 2, 2),
-}
-
-
-# Schedules whose backward runs as an input-gradient and a weight-gradient step.
-SPLIT_BACKWARD_SCHEDULES = ("Seq1F1BZeroBubble", "Seq1F1BZBV")
+__all__ = ["Seq1F1BConfigError", "pipeline_llm_seq1f1b", "segment_plan_for"]
 
 
 class Seq1F1BConfigError(ValueError):
@@ -277,7 +248,7 @@ def _module_names_per_stage(
     job_config: JobConfig,
     parallel_dims: ParallelDims,
     model_args: BaseModelArgs,
-    entry: _ScheduleEntry,
+    entry: ScheduleEntry,
 ) -> list[list[str]]:
     """The model parts, as torchtitan splits them for ``entry.layout_of``.
 
@@ -312,7 +283,7 @@ def _module_names_per_stage(
 
 
 def _check_stage_count(
-    num_stages: int, pp: int, name: str, entry: _ScheduleEntry, source: str
+    num_stages: int, pp: int, name: str, entry: ScheduleEntry, source: str
 ) -> None:
     low, high = entry.min_stages_per_rank, entry.max_stages_per_rank
     if num_stages % pp == 0 and low <= num_stages // pp <= (high or num_stages):

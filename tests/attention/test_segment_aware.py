@@ -1,111 +1,57 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Attention backends, segment-aware attention and the per-microbatch K/V store.
+"""Segment-aware attention and the exact backend, in float64 on CPU.
 
-Exactness is checked in float64 on CPU against references written here: a
-naive masked-softmax attention, and fake varlen kernels that implement the
-documented flash-attn / torch varlen contracts in plain torch. Segmented runs
-(forward segment by segment, backward last-to-first, as Seq1F1B schedules them)
-must reproduce the unsplit attention and its gradients.
+References: a naive masked-softmax attention and CPU stand-ins of the GPU
+kernels' documented contracts (tests/kernel_fakes.py). Segmented runs (forward
+segment by segment, backward last-to-first, as Seq1F1B schedules them) must
+reproduce the unsplit attention and its gradients; negative controls show the
+comparison can fail. Real kernels run at the end when a GPU is present.
 """
 
-import functools
 import importlib.util
-import re
-from collections import defaultdict
 
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
-from torchtitan_seq1f1b.attention import SegmentAwareAttention, bind_attention, wrap_attention
 from torchtitan_seq1f1b.attention import (
     FlashAttnBackend,
-    SDPABackend,
-    TorchFlashBackend,
     resolve_backend,
+    SDPABackend,
+    SegmentAwareAttention,
+    TorchFlashBackend,
+    wrap_attention,
 )
-from torchtitan_seq1f1b.actions import Unit
-from torchtitan_seq1f1b.kv_store import _PrefixBuffers, KVStore, RunningUnit
-from torchtitan_seq1f1b.check import segmented
+from torchtitan_seq1f1b.kv_store import _PrefixBuffers, KVStore
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-from tests.kernel_fakes import naive_attention, stand_in_backend
-
-F64 = torch.float64
-EXACT = 1e-12  # relative tolerance for float64 comparisons
-
-# Worst relative error seen per check family; printed at module teardown (-s).
-WORST: dict[str, float] = defaultdict(float)
+from tests.harness import (
+    assert_close,
+    attention_inputs,
+    BACKEND_CASES,
+    backend_inputs,
+    compare_segmented,
+    EXACT,
+    F64,
+    HEADS,
+    make_backend,
+    output_and_grads,
+    PLANS,
+    randn,
+    rel_err,
+    SegmentedRun,
+    WORST,
+)
+from tests.kernel_fakes import naive_attention
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _report_worst():
     yield
     for name, err in sorted(WORST.items()):
-        print(f"\n[test_attention] worst relative error, {name}: {err:.3e}")
-
-
-# ---- helpers -----------------------------------------------------------------
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected| (0 when both are zero)."""
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    scale = expected.abs().max().item()
-    diff = (actual - expected).abs().max().item()
-    return diff / scale if scale > 0 else diff
-
-
-def assert_close(actual, expected, family: str, rtol: float = EXACT, what: str = ""):
-    err = rel_err(actual.detach(), expected.detach())
-    WORST[family] = max(WORST[family], err)
-    assert err <= rtol, f"{family} {what}: relative error {err:.3e} > {rtol:.1e}"
-
-
-def randn(*shape, seed: int, dtype=F64, device="cpu") -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=gen, dtype=F64).to(dtype=dtype, device=device)
-
-
-def output_and_grads(fn, inputs, grad_out):
-    """fn(*leaves) and d(fn . grad_out)/d leaves, for fresh leaf copies of inputs."""
-    leaves = [x.detach().clone().requires_grad_() for x in inputs]
-    out = fn(*leaves)
-    out.backward(grad_out)
-    return out.detach(), [leaf.grad for leaf in leaves]
-
-
-def make_backend(name: str):
-    """(backend runnable on CPU float64, its stand-in kernel or None)."""
-    if name == "sdpa":
-        return SDPABackend(), None
-    return stand_in_backend(name)
-
-
-# (batch, q_len, k_len, n_heads, n_kv_heads, scale)
-BACKEND_CASES = [
-    (1, 7, 7, 4, 4, None),
-    (2, 7, 7, 4, 2, 0.3),
-    (1, 3, 8, 4, 4, 0.3),
-    (2, 3, 8, 4, 2, None),
-    (2, 5, 11, 4, 1, 0.7),
-    (1, 1, 6, 4, 1, None),
-    (2, 6, 6, 4, 1, 1.3),
-]
-
-
-def backend_inputs(batch, q_len, k_len, n_heads, n_kv, head_dim=8, seed=0):
-    q = randn(batch, q_len, n_heads, head_dim, seed=seed)
-    k = randn(batch, k_len, n_kv, head_dim, seed=seed + 1)
-    v = randn(batch, k_len, n_kv, head_dim, seed=seed + 2)
-    grad_out = randn(batch, q_len, n_heads, head_dim, seed=seed + 3)
-    return (q, k, v), grad_out
-
-
-# ---- 1. SDPA backend vs the naive reference ----------------------------------
+        print(f"\n[test_segment_aware] worst relative error, {name}: {err:.3e}")
 
 
 @pytest.mark.parametrize("batch,q_len,k_len,n_heads,n_kv,scale", BACKEND_CASES)
@@ -144,40 +90,6 @@ def test_naive_reference_is_bottom_right():
         assert torch.allclose(weights[t, :visible], torch.full((visible,), 1 / visible, dtype=F64))
         assert (weights[t, visible:] == 0).all()
 
-
-# ---- 3. segmented vs unsplit through SegmentAwareAttention ---------------------
-
-
-# q, k, v (batch, heads, seq_len, head_dim) run segment by segment.
-SegmentedRun = functools.partial(segmented.SegmentedRun, seq_dim=2)
-
-
-def attention_inputs(batch, n_heads, n_kv, seq_len, head_dim=8, seed=0):
-    q = randn(batch, n_heads, seq_len, head_dim, seed=seed)
-    k = randn(batch, n_kv, seq_len, head_dim, seed=seed + 1)
-    v = randn(batch, n_kv, seq_len, head_dim, seed=seed + 2)
-    grad_out = randn(batch, n_heads, seq_len, head_dim, seed=seed + 3)
-    return (q, k, v), grad_out
-
-
-def compare_segmented(fn, inputs, grad_out, plan, family, rtol=EXACT):
-    """Segmented run == unsplit run (no unit active): outputs and every input grad."""
-    ref, ref_grads = output_and_grads(fn, inputs, grad_out)
-    store = KVStore()
-    out, grads = SegmentedRun(fn, inputs, plan, store, microbatch=0).run(grad_out)
-    assert len(store) == 0 and store.nbytes == 0
-    assert_close(out, ref, family, rtol, what="out")
-    for i, (g, rg) in enumerate(zip(grads, ref_grads)):
-        assert_close(g, rg, family, rtol, what=f"grad of input {i}")
-
-
-PLANS = {
-    "5-3-4": SegmentPlan.from_lengths((5, 3, 4)),
-    "uniform4": SegmentPlan.uniform(12, 4),
-    "1-1-10": SegmentPlan.from_lengths((1, 1, 10)),
-    "single": SegmentPlan.from_lengths((12,)),
-}
-HEADS = {"mha": (4, 4), "gqa2": (4, 2), "gqa1": (4, 1)}
 
 
 @pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen", "cuda_exact"])
@@ -251,7 +163,6 @@ def test_interleaved_microbatches_two_layers(kind):
             assert_close(g, rg, f"3 interleaved {kind}", what=f"mb{mb} grad {i}")
 
 
-# ---- 4. negative controls: the segmented check can fail -----------------------
 
 
 def test_segmented_check_fails_without_gradient_routing(monkeypatch):
@@ -293,143 +204,6 @@ def test_segmented_check_fails_with_top_left_mask():
     assert rel_err(out, ref) > 1e-3
 
 
-# ---- 5. KV store semantics ------------------------------------------------------
-
-
-def _segment_inputs(plan, segment, batch=2, n_heads=4, n_kv=2, seed=40):
-    (q, k, v), _ = attention_inputs(batch, n_heads, n_kv, plan.seq_len, seed=seed)
-    sl = plan.slices()[segment]
-    return q[:, :, sl], k[:, :, sl], v[:, :, sl]
-
-
-def test_store_writes_are_idempotent():
-    """Re-running a segment's forward (activation-checkpoint recompute) changes
-    nothing and allocates nothing."""
-    plan = PLANS["5-3-4"]
-    attn, store = SegmentAwareAttention("sdpa"), KVStore()
-    bind_attention(attn, store)
-    kv_bytes = 2 * 2 * plan.seq_len * 2 * 8 * 8  # k and v, (B, S, Hkv, D) float64
-    for j in range(plan.num_segments):
-        with store.running_unit(RunningUnit(Unit(0, j), plan)):
-            first = attn(*_segment_inputs(plan, j))
-            assert len(store) == 1 and store.nbytes == kv_bytes
-            again = attn(*_segment_inputs(plan, j))
-            assert len(store) == 1 and store.nbytes == kv_bytes
-        assert torch.equal(first, again)
-    assert store.peak_bytes == kv_bytes
-
-
-class Checkpointed(nn.Module):
-    """``inner`` under non-reentrant activation checkpointing."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *inputs):
-        return checkpoint(self.inner, *inputs, use_reentrant=False)
-
-
-@pytest.mark.parametrize("kind", ["sdpa", "flash"])
-def test_segmented_with_activation_checkpointing(kind):
-    """Non-reentrant checkpointing recomputes each segment's forward during its
-    backward, after later segments already ran theirs."""
-    fn = Checkpointed(SegmentAwareAttention(make_backend(kind)[0]))
-
-    plan = PLANS["5-3-4"]
-    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=41)
-    compare_segmented(fn, inputs, grad_out, plan, f"3 segmented {kind} + checkpoint")
-
-
-def test_store_free_drops_only_that_microbatch():
-    plan = PLANS["5-3-4"]
-    attn, store = SegmentAwareAttention("sdpa"), KVStore()
-    bind_attention(attn, store)
-    for mb in (0, 1):
-        with store.running_unit(RunningUnit(Unit(mb, 0), plan)):
-            attn(*_segment_inputs(plan, 0, seed=40 + mb))
-    assert len(store) == 2
-    bytes_per_microbatch = store.nbytes // 2
-    store.free(0)
-    assert len(store) == 1 and store.nbytes == bytes_per_microbatch
-    with store.running_unit(RunningUnit(Unit(0, 1), plan)), pytest.raises(RuntimeError, match="freed"):
-        attn(*_segment_inputs(plan, 1))
-    with store.running_unit(RunningUnit(Unit(1, 1), plan)):  # microbatch 1 is intact
-        attn(*_segment_inputs(plan, 1, seed=41))
-    store.free(1)
-    assert len(store) == 0 and store.nbytes == 0
-    assert store.peak_bytes == 2 * bytes_per_microbatch
-
-
-def test_store_rejects_out_of_order_and_wrong_lengths():
-    plan = PLANS["5-3-4"]
-    attn, store = SegmentAwareAttention("sdpa"), KVStore()
-    bind_attention(attn, store)
-    with store.running_unit(RunningUnit(Unit(0, 1), plan)), pytest.raises(RuntimeError):
-        attn(*_segment_inputs(plan, 1))
-    assert len(store) == 0
-    q, k, v = _segment_inputs(plan, 1)  # 3 tokens, but segment 0 has 5
-    with store.running_unit(RunningUnit(Unit(0, 0), plan)), pytest.raises(
-        ValueError, match=re.escape(str(plan))
-    ):
-        attn(q, k, v)
-    assert len(store) == 0
-
-
-def test_store_bytes_track_use_and_free():
-    plan = PLANS["5-3-4"]
-    attn, store = SegmentAwareAttention("sdpa"), KVStore()
-    bind_attention(attn, store)
-    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=42)
-    run = SegmentedRun(attn, inputs, plan, store, 0)
-    for j in range(plan.num_segments):
-        run.forward(j)
-    kv_bytes = 2 * 2 * plan.seq_len * 2 * 8 * 8
-    assert store.nbytes == kv_bytes
-    run.backward(2, grad_out)
-    # banked dK/dV cover the prefix before the last segment
-    grad_bytes = 2 * 2 * plan.offsets[-1] * 2 * 8 * 8
-    assert store.nbytes == kv_bytes + grad_bytes
-    run.backward(1, grad_out), run.backward(0, grad_out)
-    assert store.peak_bytes >= kv_bytes > 0
-    store.free(0)
-    assert store.nbytes == 0 and len(store) == 0
-
-
-def test_store_peak_bytes_counts_gradient_buffers():
-    plan = PLANS["5-3-4"]
-    store = KVStore()
-    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=44)
-    run = SegmentedRun(SegmentAwareAttention("sdpa"), inputs, plan, store, 0)
-    for j in range(plan.num_segments):
-        run.forward(j)
-    run.backward(2, grad_out)
-    assert store.peak_bytes >= store.nbytes
-
-
-def test_enable_gqa_keyword_is_accepted():
-    """Drop-in for torchtitan's ScaledDotProductAttentionWrapper call."""
-    plan = PLANS["5-3-4"]
-    (q, k, v), _ = attention_inputs(2, 4, 2, plan.seq_len, seed=45)
-    attn, store = SegmentAwareAttention("sdpa"), KVStore()
-    bind_attention(attn, store)
-    ref = attn(q, k, v, enable_gqa=True)
-    outs = []
-    for j, sl in enumerate(plan.slices()):
-        with store.running_unit(RunningUnit(Unit(0, j), plan)):
-            outs.append(attn(q[:, :, sl], k[:, :, sl], v[:, :, sl], enable_gqa=True))
-    assert_close(torch.cat(outs, dim=2), ref, "3 segmented sdpa")
-
-
-def test_attention_outside_unit_leaves_store_alone():
-    plan = PLANS["5-3-4"]
-    store = KVStore()
-    (q, k, v), _ = attention_inputs(1, 4, 4, plan.seq_len, seed=43)
-    out = SegmentAwareAttention("sdpa")(q, k, v)
-    assert out.shape == q.shape and len(store) == 0
-
-
-# ---- 6. backend selection and wrapping ------------------------------------------
 
 
 def test_auto_backend_on_cpu_is_exact_sdpa():
@@ -491,7 +265,6 @@ def test_wrap_attention_by_name():
     assert isinstance(model[1].inner_attention, SegmentAwareAttention)
 
 
-# ---- 7. real kernels on GPU ------------------------------------------------------
 
 _HAS_CUDA = torch.cuda.is_available()
 _HAS_FLASH = importlib.util.find_spec("flash_attn") is not None

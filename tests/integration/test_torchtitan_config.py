@@ -5,7 +5,7 @@
 
 ``pipeline_llm_seq1f1b`` validates the job before it touches a device mesh,
 so a bad config raises the same message on every rank before any collective
-(tests/test_torchtitan.py shows that end to end under torchrun).
+(tests/integration/test_torchtitan.py shows that end to end under torchrun).
 """
 
 import pytest
@@ -15,17 +15,18 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
-from torchtitan_seq1f1b.integration import install, pipeline_llm_seq1f1b
-from torchtitan_seq1f1b.integration.config_checks import Seq1F1BUsageError
-from torchtitan_seq1f1b.integration.pipeline import (
+from torchtitan_seq1f1b.integration import install
+from torchtitan_seq1f1b.integration.titan_0_2 import pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.titan_0_2.config_checks import Seq1F1BUsageError
+from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (
     _check_job,
     _module_names_per_stage,
     Seq1F1BConfigError,
-    SCHEDULES,
     segment_plan_for,
 )
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 
-from tests.titan import DEBUG_CONFIG, REPO
+from tests.harness import DEBUG_CONFIG, REPO
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -231,7 +232,7 @@ def test_unsupported_jobs_are_rejected_with_the_option_named(args, kwargs, messa
 
 
 def test_cpu_support_changes_nothing_where_an_accelerator_exists(monkeypatch):
-    from torchtitan_seq1f1b.integration import cpu
+    from torchtitan_seq1f1b.integration.titan_0_2 import cpu
 
     monkeypatch.setattr(cpu, "_get_available_device_type", lambda: "cuda")
     assert cpu.enable_cpu_training() is False
@@ -251,7 +252,7 @@ def test_cpu_support_points_torchtitan_at_the_cpu():
 def test_run_summary_lines():
     from types import SimpleNamespace
 
-    from torchtitan_seq1f1b.integration.summary import run_summary
+    from torchtitan_seq1f1b.integration.titan_0_2.summary import run_summary
 
     job_config, *_ = _job(DEBUG_CONFIG)
     schedule = SimpleNamespace(segment_plan=SimpleNamespace(lengths=(16, 16, 16, 16)))

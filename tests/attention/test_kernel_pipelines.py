@@ -9,7 +9,7 @@ which reaches its kernel's CPU stand-in (tests/kernel_fakes.py). A
 representative slice of the exactness grid per adapter: uneven plans, GQA
 and MHA, activation checkpointing with backward on a fresh thread, a
 split-backward and an interleaved variant; compared with the unsplit exact
-reference like tests/test_exactness.py (rtol 1e-10).
+reference like tests/schedule/test_exactness.py (rtol 1e-10).
 """
 
 import pytest

@@ -13,7 +13,7 @@ show that the comparison fails when Seq1F1B is broken.
 
 import pytest
 
-from tests.titan import DEBUG_CONFIG, RunFailed, TEST_ARGS, torchrun
+from tests.harness import DEBUG_CONFIG, RunFailed, TEST_ARGS, torchrun
 
 RTOL = 1e-4
 
@@ -195,7 +195,7 @@ def test_tolerance_catches_broken_seq1f1b(run, unpipelined, broken):
     divided by one token too many (0.2%), fail the 1e-4 comparison."""
     seq1f1b = run(
         2,
-        "--experimental.custom_import", "tests.broken_titan",
+        "--experimental.custom_import", "tests.integration.broken_titan",
         name=broken,
         extra_env={"SEQ1F1B_BREAK": broken},
     )

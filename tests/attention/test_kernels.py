@@ -32,7 +32,7 @@ from tests.kernel_fakes import (
     naive_attention,
     stand_in_backend,
 )
-from tests.test_attention import assert_close, BACKEND_CASES, backend_inputs, output_and_grads
+from tests.harness import assert_close, BACKEND_CASES, backend_inputs, output_and_grads
 
 CUDA = torch.device("cuda", 0)
 

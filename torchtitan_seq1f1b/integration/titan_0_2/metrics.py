@@ -18,7 +18,7 @@ from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import BaseModelArgs
 
-from torchtitan_seq1f1b.integration.pipeline import SCHEDULES
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.orders import equal_cost_bubble
 
