@@ -164,7 +164,7 @@ class ComputeRecorder:
     Wraps the stages' ``forward_one_chunk``, ``backward_one_chunk`` and
     ``backward_weight_one_chunk``, where every torch schedule's compute ends,
     on top of any wrapper already there (Seq1F1B's unit scope), and restores
-    them on exit. ``chunk`` is torch's microbatch index (Seq1F1B's virtual one).
+    them on exit. ``chunk`` is torch's microbatch index (a Seq1F1B unit's chunk id).
     """
 
     _METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
