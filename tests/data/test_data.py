@@ -145,36 +145,46 @@ def test_resolve_hf_assets_path(tmp_path, monkeypatch):
 
 def _conditional_entropy(spec, segment_lengths):
     """Mean over labels of H(label | position, inputs of its segment up to it),
-    by enumerating every document of the corpus (tiny specs only)."""
-    n = spec.half_words
+    by enumerating every window of the corpus (tiny specs only). A window
+    holds (seq_len + 1) / doc_tokens documents back to back."""
+    n, seq_len = spec.half_words, sum(segment_lengths)
     starts = [sum(segment_lengths[:j]) for j in range(len(segment_lengths))]
     documents = [
         [BOS_ID, *words, RECALL_ID, *words, EOS_ID]
         for words in itertools.permutations(range(4, 4 + spec.words), n)
     ]
+    windows = [
+        sum(docs, [])
+        for docs in itertools.product(documents, repeat=(seq_len + 1) // spec.doc_tokens)
+    ]
     total = 0.0
-    for t in range(2 * n + 2):
+    for t in range(seq_len):
         start = max(s for s in starts if s <= t)
         by_context = defaultdict(Counter)
-        for doc in documents:
-            by_context[tuple(doc[start : t + 1])][doc[t + 1]] += 1
+        for window in windows:
+            by_context[tuple(window[start : t + 1])][window[t + 1]] += 1
         for labels in by_context.values():
             count = sum(labels.values())
-            total += sum(c * math.log(count / c) for c in labels.values()) / len(documents)
-    return total / (2 * n + 2)
+            total += sum(c * math.log(count / c) for c in labels.values()) / len(windows)
+    return total / seq_len
 
 
 @pytest.mark.parametrize(
     "half_words,words,segment_lengths",
     [(2, 4, [3, 3]), (2, 4, [2, 2, 2]), (3, 5, [5, 3]), (3, 5, [2, 2, 2, 2]), (3, 4, [1, 4, 3]),
-     (3, 6, [8])],
+     (3, 6, [8]),
+     # packed: two or three documents per window, segments across their borders
+     (2, 4, [13]), (2, 4, [6, 7]), (2, 4, [4, 5, 4]), (2, 3, [8, 6, 6]), (3, 4, [10, 7])],
 )
 def test_bounds_equal_the_exact_conditional_entropy(half_words, words, segment_lengths):
     spec = RecallSpec(doc_tokens=2 * half_words + 3, words=words)
     expected = _conditional_entropy(spec, segment_lengths)
     assert no_cross_segment_bound(spec, segment_lengths) == pytest.approx(expected, rel=1e-12)
     if len(segment_lengths) == 1:
-        assert full_attention_bound(spec) == pytest.approx(expected, rel=1e-12)
+        seq_len = segment_lengths[0]
+        assert full_attention_bound(spec, seq_len) == pytest.approx(expected, rel=1e-12)
+        if seq_len + 1 == spec.doc_tokens:
+            assert full_attention_bound(spec) == full_attention_bound(spec, seq_len)
 
 
 def test_bounds_of_the_debug_job():
@@ -182,8 +192,22 @@ def test_bounds_of_the_debug_job():
     blind = no_cross_segment_bound(spec, [64] * 4)
     assert full_attention_bound(spec) < blind - 2.5 < math.log(256)
     assert no_cross_segment_bound(spec, [256]) == full_attention_bound(spec)
-    with pytest.raises(ValueError, match="doc_tokens=257 must be seq_len \\+ 1 = 129"):
+    with pytest.raises(ValueError, match="doc_tokens=257 must be seq_len \\+ 1 = 129 or divide it"):
         no_cross_segment_bound(spec, [64, 64])
+
+
+def test_bounds_of_packed_windows():
+    """Three 43-token documents per 129-token window: the per-document loss is
+    that of a lone document, spread over seq_len labels with two free BOS labels."""
+    spec = RecallSpec.parse("doc_tokens=43,words=64")
+    lone = full_attention_bound(spec)  # per label of a 42-label window
+    assert full_attention_bound(spec, 128) == pytest.approx(3 * 42 * lone / 128, rel=1e-12)
+    # Segments that cut documents cost attention across them; their borders matter.
+    blind = no_cross_segment_bound(spec, [32] * 4)
+    assert full_attention_bound(spec, 128) + 0.5 < blind
+    assert no_cross_segment_bound(spec, [43, 43, 42]) == full_attention_bound(spec, 128)
+    with pytest.raises(ValueError, match="doc_tokens=43 must be seq_len \\+ 1 = 128 or divide it"):
+        no_cross_segment_bound(spec, [64, 63])
 
 
 # --- through torchtitan ----------------------------------------------------
@@ -221,6 +245,24 @@ def test_torchtitan_dataloaders_yield_aligned_recall_windows():
     rank0, _ = windows("seq1f1b_recall", 2, tokenizer, 256, dp_rank=0, dp_world_size=2)
     rank1, _ = windows("seq1f1b_recall", 2, tokenizer, 256, dp_rank=1, dp_world_size=2)
     assert not set(map(tuple, rank0.tolist())) & set(map(tuple, rank1.tolist()))
+
+
+def test_packed_windows_hold_whole_documents(tokenizer):
+    """doc_tokens dividing seq_len + 1 packs whole documents (3 of 43 tokens per
+    129-token window), each starting at a BOS; other sizes drift, so the rows
+    of one batch hold documents at different places."""
+    inputs, labels = windows("seq1f1b_recall", 4, tokenizer, 128, path="doc_tokens=43,words=64")
+    assert (inputs[:, [0, 43, 86]] == BOS_ID).all() and ((inputs == BOS_ID).sum(1) == 3).all()
+    assert (labels[:, [41, 84, 127]] == EOS_ID).all() and ((labels == EOS_ID).sum(1) == 3).all()
+    expected = torch.zeros_like(labels, dtype=torch.bool)
+    for offset in (0, 43, 86):  # a document's copied words are labels 21..40 of it
+        expected[:, offset + 21 : offset + 41] = True
+        assert torch.equal(labels[:, offset + 21 : offset + 41], labels[:, offset : offset + 20])
+    assert torch.equal(dependent_mask(labels), expected)
+
+    drifting, _ = windows("seq1f1b_recall", 4, tokenizer, 128, path="doc_tokens=41,words=64")
+    layouts = {tuple((row == BOS_ID).nonzero().flatten().tolist()) for row in drifting}
+    assert len(layouts) == 4 and all(len(starts) >= 3 for starts in layouts)
 
 
 def test_resume_from_state_dict(tokenizer):

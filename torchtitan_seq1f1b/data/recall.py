@@ -14,10 +14,18 @@ seq_len + 1`` tokens therefore fills exactly one window: every window starts
 at a BOS, all its copied words have their source in the window, and the copy
 distance ``n + 1 = seq_len / 2`` is at least the segment length of a uniform
 plan for every k >= 2. A model whose attention stops at segment boundaries
-cannot predict any copied word. With other window sizes the documents drift
-across windows: copies whose source fell into the previous window are lost
-(about a quarter at seq_len 512 with 257-token documents), and the rest may
-or may not cross a segment boundary.
+cannot predict any copied word.
+
+Packed windows: when ``doc_tokens`` divides ``seq_len + 1`` (43 at seq_len
+128), every window holds ``(seq_len + 1) / doc_tokens`` whole documents
+back to back, the layout block-causal attention (``attn_mask_type =
+"block_causal"``) is for: documents cross segment boundaries, and a token
+needs the earlier segments' part of its own document and nothing of the
+documents before it. Documents are independent, so masking the earlier ones
+out costs nothing. With other sizes the documents drift across windows,
+every row of a batch with its own layout: copies whose source fell into the
+previous window are lost (about a quarter at seq_len 512 with 257-token
+documents), and the rest may or may not cross a segment boundary.
 
 Documents are generated from their index when read (a ``with_transform`` on an
 index column), so loading is instant at any size, row i is the same document
@@ -53,7 +61,9 @@ class RecallSpec:
     """What a dataset path such as ``"doc_tokens=513,seed=3"`` selects.
 
     doc_tokens: tokens per document including BOS and EOS; odd, >= 5. Use
-        seq_len + 1 so that windows stay aligned with documents.
+        seq_len + 1 for one document per window, or a divisor of seq_len + 1
+        for several whole documents per window (packed); either keeps windows
+        aligned with documents.
     docs: number of documents; None means 2**20 for train, 512 for validation.
     seed: corpus seed; train and validation differ for every seed.
     words: draw words from the first ``words`` pseudo-words (<= 2044).
@@ -168,17 +178,18 @@ def dependent_mask(labels: torch.Tensor) -> torch.Tensor:
 
 
 def _label_losses(spec: RecallSpec, segment_starts: Sequence[int]) -> list[float]:
-    """Lowest expected loss (nats) of every label of an aligned window for a
-    model that sees the inputs from the start of the label's segment onwards.
+    """Lowest expected loss (nats) of every label of one document for a model
+    that sees the inputs from the start of the label's segment onwards.
 
-    The window is ``bos w_1 .. w_n <recall> w_1 .. w_n eos``; inputs are its
-    first ``2n + 2`` tokens, labels the last. The model is granted the
-    generator, the label's absolute position and every visible input, so the
-    bound holds for any model that cannot attend to earlier segments. The n
-    words are a uniform sample without replacement from the pool, so given
-    the visible (distinct) words, an unseen word is uniform over the others:
-    ``ln(words - visible)``. A copied word whose source is visible, the marker
-    and the EOS cost nothing.
+    The document is ``bos w_1 .. w_n <recall> w_1 .. w_n eos``; inputs are its
+    first ``2n + 2`` tokens, labels the last; ``segment_starts`` are in its own
+    positions (0 for a segment that starts at or before its BOS). The model is
+    granted the generator, the label's absolute position and every visible
+    input, so the bound holds for any model that cannot attend to earlier
+    segments. The n words are a uniform sample without replacement from the
+    pool, so given the visible (distinct) words, an unseen word is uniform over
+    the others: ``ln(words - visible)``. A copied word whose source is visible,
+    the marker and the EOS cost nothing.
     """
     n, pool = spec.half_words, spec.words
     losses = []
@@ -203,22 +214,30 @@ def no_cross_segment_bound(spec: RecallSpec, segment_lengths: Sequence[int]) -> 
     """Lowest mean loss per label (nats) on this corpus for any model that cannot
     attend to earlier segments of its window, cut as ``segment_lengths``.
 
-    Windows must hold one document each (``sum(segment_lengths) + 1 ==
-    spec.doc_tokens``, i.e. ``doc_tokens = seq_len + 1``), as torchtitan packs
-    them then. The mean loss of torchtitan's training log is per label, so the
-    two compare directly.
+    Windows must hold whole documents: ``doc_tokens`` divides ``seq_len + 1``
+    (``seq_len = sum(segment_lengths)``), as torchtitan packs them then. A
+    label that predicts the BOS of a window's next document costs nothing (it
+    always follows an EOS), and no document tells anything about another, so
+    the bound also holds for block-causal models. The mean loss of
+    torchtitan's training log is per label, so the two compare directly.
     """
     seq_len = sum(segment_lengths)
-    if seq_len + 1 != spec.doc_tokens:
+    if (seq_len + 1) % spec.doc_tokens:
         raise ValueError(
-            f"the bound needs one document per window: doc_tokens={spec.doc_tokens} "
-            f"must be seq_len + 1 = {seq_len + 1}"
+            f"the bound needs windows of whole documents: doc_tokens={spec.doc_tokens} "
+            f"must be seq_len + 1 = {seq_len + 1} or divide it"
         )
     starts = [sum(segment_lengths[:j]) for j in range(len(segment_lengths))]
-    return math.fsum(_label_losses(spec, starts)) / seq_len
+    losses = []
+    for offset in range(0, seq_len + 1, spec.doc_tokens):
+        # Segment starts in the document's own positions; one before it starts at 0.
+        losses += _label_losses(spec, [max(0, s - offset) for s in starts])
+    # The labels that predict a later document's BOS add nothing but count.
+    return math.fsum(losses) / seq_len
 
 
-def full_attention_bound(spec: RecallSpec) -> float:
-    """Lowest mean loss per label (nats) on aligned windows for any model: the
-    first half's words, whatever the model sees; copies, marker and EOS free."""
-    return no_cross_segment_bound(spec, [spec.doc_tokens - 1])
+def full_attention_bound(spec: RecallSpec, seq_len: int | None = None) -> float:
+    """Lowest mean loss per label (nats) on aligned windows of ``seq_len``
+    (default ``doc_tokens - 1``, one document per window) for any model: the
+    first half's words, whatever the model sees; copies, marker, EOS and BOS free."""
+    return no_cross_segment_bound(spec, [spec.doc_tokens - 1 if seq_len is None else seq_len])

@@ -52,11 +52,11 @@ def run_summary(
         return lines
     spec = RecallSpec.parse(training.dataset_path)
     lengths = list(schedule.segment_plan.lengths)
-    if spec.doc_tokens != training.seq_len + 1:
+    if (training.seq_len + 1) % spec.doc_tokens:
         return lines + [
             f"recall corpus: no bound for doc_tokens={spec.doc_tokens} at seq_len="
-            f"{training.seq_len} (documents fill one window only when doc_tokens = "
-            "seq_len + 1)"
+            f"{training.seq_len} (windows hold whole documents only when doc_tokens "
+            "is seq_len + 1 or divides it)"
         ]
     blind = no_cross_segment_bound(spec, lengths)
     verdict = (
@@ -67,6 +67,6 @@ def run_summary(
     return lines + [
         f"recall corpus ({spec.to_path()}), segments {lengths}: no model that cannot "
         f"attend to earlier segments gets below loss {blind:.4f}; the lowest any model "
-        f"can reach is {full_attention_bound(spec):.4f}",
+        f"can reach is {full_attention_bound(spec, training.seq_len):.4f}",
         f"achieved loss {loss:.4f} is {verdict}",
     ]
