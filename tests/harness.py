@@ -77,7 +77,6 @@ EXACT = 1e-12  # relative tolerance for float64 comparisons
 WORST: dict[str, float] = defaultdict(float)
 
 
-
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """max |actual - expected| / max |expected| (0 when both are zero)."""
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
@@ -272,7 +271,9 @@ def broken(what: str, case: Case) -> Iterator[None]:
         patch = mock.patch.object(
             kv_store._PrefixBuffers,
             "take_grads",
-            lambda self, start, end, gk, gv: (gk[:, start:end], gv[:, start:end]),
+            lambda self, key_start, start, end, gk, gv: (
+                gk[:, start - key_start :], gv[:, start - key_start :]
+            ),
         )
     elif what == "prefix_attention":
         patch = mock.patch.object(kv_store.KVStore, "attach", lambda self, layer, k, v: (k, v))

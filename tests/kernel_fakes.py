@@ -22,13 +22,19 @@ from torchtitan_seq1f1b.attention import (
     TorchFlashBackend,
 )
 from torchtitan_seq1f1b.check.kernels import reference_attention as naive_attention
-from torchtitan_seq1f1b.attention.torch_varlen import lower_right_causal_attention_flash
+from torchtitan_seq1f1b.attention.backend import per_document
+from torchtitan_seq1f1b.attention.torch_varlen import (
+    lower_right_causal_attention_flash,
+    varlen_attention,
+)
 from torchtitan_seq1f1b.attention.cuda_mem_efficient import lower_right_causal_attention_cuda
 
 __all__ = [
     "FakeEfficientAttentionOps",
     "FakeFlashAttnFunc",
+    "FakeFlashAttnVarlenFunc",
     "FakeTorchFlashOps",
+    "FakeTorchVarlenAttn",
     "naive_attention",
     "stand_in_backend",
 ]
@@ -85,6 +91,66 @@ class FakeFlashAttnFunc(_Recorder):
         _check_dense(q, k, v, seq_dim=1)
         self.record(q, k, v, seq_dim=1, scale=softmax_scale)
         return naive_attention(q, k, v, softmax_scale)
+
+
+def _check_varlen(q, k, v, cu_q, cu_k, max_q, max_k) -> None:
+    """Shared contract of the varlen kernels: packed 3-D (tokens, heads, head_dim)
+    inputs with a contiguous last dim, int32 cumulative lengths on the inputs'
+    device covering them, max lengths at least every sequence's."""
+    assert all(x.dim() == 3 and x.stride(-1) == 1 for x in (q, k, v)), "packed 3-D inputs"
+    assert k.shape == v.shape and q.shape[-1] == k.shape[-1] and q.shape[1] % k.shape[1] == 0
+    assert q.dtype == k.dtype == v.dtype
+    for cu, packed in ((cu_q, q), (cu_k, k)):
+        assert cu.dtype == torch.int32 and cu.device == packed.device and cu.dim() == 1
+        assert int(cu[0]) == 0 and int(cu[-1]) == packed.shape[0], "cu_seqlens cover the input"
+        assert bool((cu[1:] >= cu[:-1]).all())
+    assert len(cu_q) == len(cu_k)
+    q_lens, k_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
+    assert max_q >= max(q_lens) and max_k >= max(k_lens)
+    assert all(kl >= ql for ql, kl in zip(q_lens, k_lens)), "a sequence's keys end with its queries"
+
+
+def _naive_varlen(q, k, v, cu_q, cu_k, scale):
+    """Bottom-right causal attention per sequence of the packed inputs."""
+    outs = []
+    for i in range(len(cu_q) - 1):
+        qs, qe, ks, ke = (int(x) for x in (cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]))
+        outs.append(naive_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], scale)[0])
+    return torch.cat(outs)
+
+
+class FakeFlashAttnVarlenFunc(_Recorder):
+    """``flash_attn.flash_attn_varlen_func`` (flash-attn 2): packed (tokens, H, D),
+    ``cu_seqlens`` int32, causal bottom-right per sequence, GQA native."""
+
+    def __call__(
+        self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+        softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+        alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
+    ):
+        assert causal is True, "Seq1F1B attention must pass causal=True"
+        assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
+        _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        self.record(q, k, v, seq_dim=0, scale=softmax_scale, sequences=len(cu_seqlens_q) - 1)
+        return _naive_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+
+
+class FakeTorchVarlenAttn(_Recorder):
+    """``torch.nn.attention.varlen.varlen_attn``: packed (tokens, H, D), int32
+    ``cu_seq_q``/``cu_seq_k``; ``window_size=(-1, 0)`` is causal from the bottom
+    right of each sequence; ``enable_gqa`` is required when head counts differ."""
+
+    def __call__(
+        self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
+        scale=None, window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None,
+        num_splits=None,
+    ):
+        assert window_size == (-1, 0), "causal attention is window_size=(-1, 0)"
+        assert return_aux is None and seqused_k is None and block_table is None
+        assert enable_gqa or query.shape[1] == key.shape[1], "enable_gqa for grouped K/V"
+        _check_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
+        self.record(query, key, value, seq_dim=0, scale=scale, sequences=len(cu_seq_q) - 1)
+        return _naive_varlen(query, key, value, cu_seq_q, cu_seq_k, scale)
 
 
 class FakeTorchFlashOps(_Recorder):
@@ -156,21 +222,34 @@ class _StandIn(AttentionBackend):
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         return []
 
-    def __call__(self, q, k, v, scale):
-        return self._call(q, k, v, scale)
+    def __call__(self, q, k, v, scale, documents=None):
+        return self._call(q, k, v, scale, documents)
+
+
+def _cuda_exact(kernel, q, k, v, scale, documents=None):
+    """The CUDA exact path as SDPABackend takes it where the memory-efficient kernel runs."""
+    if documents is None:
+        return kernel(q, k, v, scale)
+    return per_document(kernel, q, k, v, scale, documents)
 
 
 def stand_in_backend(kind: str) -> tuple[AttentionBackend, _Recorder]:
     """A backend for ``kind`` ("flash", "varlen" or "cuda_exact") that runs the
-    adapter code on CPU through the kernel's stand-in: (backend, stand-in)."""
+    adapter code on CPU through the kernel's stand-ins: (backend, dense stand-in).
+    The varlen stand-in (packed documents) is the backend's ``varlen_fake``."""
     if kind == "flash":
-        fake = FakeFlashAttnFunc()
-        return _StandIn("flash", FlashAttnBackend(kernel=fake)), fake
-    if kind == "varlen":
-        fake = FakeTorchFlashOps()
+        fake, varlen = FakeFlashAttnFunc(), FakeFlashAttnVarlenFunc()
+        backend = _StandIn("flash", FlashAttnBackend(kernel=fake, varlen_kernel=varlen))
+    elif kind == "varlen":
+        fake, varlen = FakeTorchFlashOps(), FakeTorchVarlenAttn()
         kernel = functools.partial(lower_right_causal_attention_flash, ops=fake)
-        return _StandIn("varlen", TorchFlashBackend(kernel)), fake
-    if kind == "cuda_exact":
-        fake = FakeEfficientAttentionOps()
-        return _StandIn("cuda_exact", functools.partial(lower_right_causal_attention_cuda, ops=fake)), fake
-    raise ValueError(f"no stand-in for {kind!r}")
+        varlen_kernel = functools.partial(varlen_attention, varlen_attn=varlen)
+        backend = _StandIn("varlen", TorchFlashBackend(kernel, varlen_kernel))
+    elif kind == "cuda_exact":
+        fake, varlen = FakeEfficientAttentionOps(), None
+        kernel = functools.partial(lower_right_causal_attention_cuda, ops=fake)
+        backend = _StandIn("cuda_exact", functools.partial(_cuda_exact, kernel))
+    else:
+        raise ValueError(f"no stand-in for {kind!r}")
+    backend.varlen_fake = varlen
+    return backend, fake

@@ -7,7 +7,10 @@ Segment j of microbatch i attends to the keys/values of segments 0..j of the
 same microbatch. 1F1B interleaves microbatches, so K/V live per (attention
 layer, microbatch) in a buffer preallocated for the whole sequence and written
 in place, one segment's slice at a time: a segment's attention reads a view of
-the prefix instead of concatenating a copy of it.
+the prefix instead of concatenating a copy of it. With packed documents the
+buffer starts at the first key a later segment reads back
+(:attr:`~torchtitan_seq1f1b.documents.MicrobatchDocuments.keep_from`), and a
+segment reads only from its documents' first key.
 
 The store also says which unit its stage is computing (``KVStore.running``).
 That is plain state, not a ``ContextVar`` or thread-local: on CUDA, autograd
@@ -31,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.documents import MicrobatchDocuments, SegmentDocuments
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["KVStore", "RunningUnit"]
@@ -39,16 +43,20 @@ __all__ = ["KVStore", "RunningUnit"]
 class _PrefixBuffers:
     """K/V (and their pending gradients) of one attention layer for one microbatch.
 
-    Buffers are laid out (batch, seq_len, n_kv_heads, head_dim), the layout
-    varlen kernels consume, so a prefix is a zero-copy slice.
+    Buffers hold positions ``[low, seq_len)``, laid out (batch, seq_len - low,
+    n_kv_heads, head_dim), the layout varlen kernels consume, so a prefix is a
+    zero-copy slice. ``low`` is 0 for causal attention; with packed documents
+    it is the first key a later segment reads back. Gradients are banked for
+    positions ``[low, grad_end)``: those a later segment can attend.
     """
 
-    def __init__(self, like: torch.Tensor, seq_len: int, grad_len: int):
+    def __init__(self, like: torch.Tensor, low: int, seq_len: int, grad_end: int):
         batch, _, n_kv_heads, head_dim = like.shape
-        shape = (batch, seq_len, n_kv_heads, head_dim)
+        shape = (batch, max(seq_len - low, 0), n_kv_heads, head_dim)
         self.k = torch.empty(shape, dtype=like.dtype, device=like.device)
         self.v = torch.empty(shape, dtype=like.dtype, device=like.device)
-        self.grad_len = grad_len
+        self.low = low
+        self.grad_end = grad_end
         self.grad_k: torch.Tensor | None = None
         self.grad_v: torch.Tensor | None = None
 
@@ -58,55 +66,91 @@ class _PrefixBuffers:
         return self.k.nbytes + self.v.nbytes + grads
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        end = start + k.shape[1]
+        """Store the part of a segment's K/V (from ``start``) at or after ``low``."""
+        skip = max(self.low - start, 0)
+        if skip >= k.shape[1]:
+            return
+        begin, end = start + skip - self.low, start + k.shape[1] - self.low
         # Through .data so the buffers' version counter does not move: earlier
-        # segments saved views of [0, start) for backward, and this write only
-        # touches [start, end). Recompute writes the same values again.
-        self.k.data[:, start:end].copy_(k)
-        self.v.data[:, start:end].copy_(v)
+        # segments saved views of earlier positions for backward, and this write
+        # only touches [begin, end). Recompute writes the same values again.
+        self.k.data[:, begin:end].copy_(k[:, skip:])
+        self.v.data[:, begin:end].copy_(v[:, skip:])
+
+    def views(self, key_start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of positions ``[key_start, end)``, all at or after ``low``."""
+        return self.k[:, key_start - self.low : end - self.low], self.v[:, key_start - self.low : end - self.low]
+
+    def banked(self, start: int, end: int) -> tuple[slice, slice] | None:
+        """(bank slice, segment slice) of the banked gradients for ``[start, end)``."""
+        lo, hi = max(start, self.low), min(end, self.grad_end)
+        if self.grad_k is None or lo >= hi:
+            return None
+        return slice(lo - self.low, hi - self.low), slice(lo - start, hi - start)
 
     def take_grads(
-        self, start: int, end: int, grad_k: torch.Tensor, grad_v: torch.Tensor
+        self, key_start: int, start: int, end: int, grad_k: torch.Tensor, grad_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Bank the prefix part of (grad_k, grad_v); return this segment's part.
 
-        grad_k/grad_v: (batch, end, n_kv_heads, head_dim), gradients of the
-        prefix view [0, end) this segment attended to.
+        grad_k/grad_v: (batch, end - key_start, n_kv_heads, head_dim), gradients
+        of the keys ``[key_start, end)`` this segment attended to.
         """
-        own_k, own_v = grad_k[:, start:end], grad_v[:, start:end]
-        if self.grad_k is not None and end <= self.grad_len:
+        own = start - key_start
+        own_k, own_v = grad_k[:, own:], grad_v[:, own:]
+        pending = self.banked(start, end)
+        if pending is not None:
             # Later segments already attended to this slice: add what they left.
-            own_k = own_k + self.grad_k[:, start:end].to(own_k.dtype)
-            own_v = own_v + self.grad_v[:, start:end].to(own_v.dtype)
-        if start > 0:
+            bank, mine = pending
+            own_k, own_v = own_k.clone(), own_v.clone()
+            own_k[:, mine] += self.grad_k[:, bank].to(own_k.dtype)
+            own_v[:, mine] += self.grad_v[:, bank].to(own_v.dtype)
+        if own > 0:
             if self.grad_k is None:
                 # bf16/fp16 gradients are summed over up to k segments: keep fp32.
                 dtype = torch.promote_types(grad_k.dtype, torch.float32)
-                shape = (grad_k.shape[0], self.grad_len, *grad_k.shape[2:])
+                length = max(self.grad_end - self.low, 0)
+                shape = (grad_k.shape[0], length, *grad_k.shape[2:])
                 self.grad_k = torch.zeros(shape, dtype=dtype, device=grad_k.device)
                 self.grad_v = torch.zeros(shape, dtype=dtype, device=grad_k.device)
-            self.grad_k[:, :start] += grad_k[:, :start]
-            self.grad_v[:, :start] += grad_v[:, :start]
+            bank = slice(key_start - self.low, start - self.low)
+            self.grad_k[:, bank] += grad_k[:, :own]
+            self.grad_v[:, bank] += grad_v[:, :own]
         return own_k, own_v
 
 
 class _AttachToPrefix(torch.autograd.Function):
-    """Write a segment's K/V into its microbatch's buffers; return the prefix views."""
+    """Write a segment's K/V into its microbatch's buffers; return the keys it attends.
+
+    Those are buffer views of ``[key_start, end)``, or the segment's own K/V
+    when the buffers start after ``key_start`` (then ``key_start == start``:
+    the segment reads nothing back).
+    """
 
     @staticmethod
-    def forward(ctx, k, v, buffers: _PrefixBuffers, start: int, store: "KVStore"):
+    def forward(ctx, k, v, buffers: _PrefixBuffers, key_start: int, start: int, store: "KVStore"):
         buffers.write(start, k, v)
         end = start + k.shape[1]
-        ctx.buffers, ctx.start, ctx.end, ctx.store = buffers, start, end, store
-        return buffers.k[:, :end], buffers.v[:, :end]
+        ctx.buffers, ctx.key_start, ctx.start, ctx.end, ctx.store = (
+            buffers, key_start, start, end, store
+        )
+        if key_start >= buffers.low:
+            return buffers.views(key_start, end)
+        return k.view_as(k), v.view_as(v)
 
     @staticmethod
     def backward(ctx, grad_k, grad_v):
-        grad_k = torch.zeros_like(ctx.buffers.k[:, : ctx.end]) if grad_k is None else grad_k
-        grad_v = torch.zeros_like(ctx.buffers.v[:, : ctx.end]) if grad_v is None else grad_v
-        own_k, own_v = ctx.buffers.take_grads(ctx.start, ctx.end, grad_k, grad_v)
+        like = ctx.buffers.k
+        shape = (like.shape[0], ctx.end - ctx.key_start, *like.shape[2:])
+        if grad_k is None:
+            grad_k = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        if grad_v is None:
+            grad_v = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        own_k, own_v = ctx.buffers.take_grads(
+            ctx.key_start, ctx.start, ctx.end, grad_k, grad_v
+        )
         ctx.store.record_peak()  # gradient buffers appear during backward
-        return own_k, own_v, None, None, None
+        return own_k, own_v, None, None, None, None
 
 
 class KVStore:
@@ -134,10 +178,12 @@ class KVStore:
     def attach(
         self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of segments 0..segment of the running unit, its own slice differentiable.
+        """The keys and values the running segment attends, its own slice differentiable.
 
         k, v: (batch, segment_len, n_kv_heads, head_dim) for the running segment.
-        Returns two (batch, segment_end, n_kv_heads, head_dim) views.
+        Returns two (batch, end - key_start, n_kv_heads, head_dim) tensors:
+        positions ``[key_start, end)`` with ``key_start`` 0 for causal
+        attention and :attr:`SegmentDocuments.key_start` with documents.
         """
         running = self.running
         if running is None:
@@ -156,9 +202,11 @@ class KVStore:
                     f"K/V of microbatch {microbatch} were freed before segment "
                     f"{segment} ran; segments must run in order"
                 )
-            buffers = _PrefixBuffers(k, plan.seq_len, plan.offsets[-1])
+            low = 0 if running.documents is None else running.documents.keep_from
+            buffers = _PrefixBuffers(k, low, plan.seq_len, plan.offsets[-1])
             self._buffers[key] = buffers
-        views = _AttachToPrefix.apply(k, v, buffers, plan.offsets[segment], self)
+        key_start = running.key_start
+        views = _AttachToPrefix.apply(k, v, buffers, key_start, plan.offsets[segment], self)
         self.record_peak()
         return views
 
@@ -179,7 +227,23 @@ class KVStore:
 
 @dataclass(frozen=True)
 class RunningUnit:
-    """The unit a stage is computing, with the plan that places its tokens."""
+    """The unit a stage is computing, with the plan that places its tokens.
+
+    ``documents``: its microbatch's packed documents, None for causal attention.
+    """
 
     unit: Unit
     plan: SegmentPlan
+    documents: MicrobatchDocuments | None = None
+
+    @property
+    def segment_documents(self) -> SegmentDocuments | None:
+        if self.documents is None:
+            return None
+        return self.documents.segment(self.unit.segment)
+
+    @property
+    def key_start(self) -> int:
+        """First key position the unit's queries see."""
+        documents = self.segment_documents
+        return 0 if documents is None else documents.key_start

@@ -166,8 +166,8 @@ def test_interleaved_microbatches_two_layers(kind):
 
 
 def test_segmented_check_fails_without_gradient_routing(monkeypatch):
-    def own_slice_only(self, start, end, grad_k, grad_v):
-        return grad_k[:, start:end], grad_v[:, start:end]
+    def own_slice_only(self, key_start, start, end, grad_k, grad_v):
+        return grad_k[:, start - key_start :], grad_v[:, start - key_start :]
 
     monkeypatch.setattr(_PrefixBuffers, "take_grads", own_slice_only)
     plan = PLANS["5-3-4"]
@@ -188,7 +188,7 @@ def test_segmented_check_fails_without_gradient_routing(monkeypatch):
 class TopLeftSDPA(SDPABackend):
     """A plausible bug: SDPA's is_causal (top-left aligned) with Lq < Lk."""
 
-    def __call__(self, q, k, v, scale):
+    def __call__(self, q, k, v, scale, documents=None):
         return torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2],

@@ -23,6 +23,7 @@ from torchtitan_seq1f1b.attention.exact import SDPABackend
 from torchtitan_seq1f1b.attention.flash_attn import FlashAttnBackend
 from torchtitan_seq1f1b.attention.segment_aware import (
     bind_attention,
+    bind_documents,
     SegmentAwareAttention,
     wrap_attention,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "SegmentAwareAttention",
     "TorchFlashBackend",
     "bind_attention",
+    "bind_documents",
     "check_backend",
     "raise_if_unmet",
     "resolve_backend",

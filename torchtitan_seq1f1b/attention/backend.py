@@ -16,16 +16,34 @@ k and v are usually batch-strided views of the K/V store's buffers; every
 kernel here takes them as they are (no packing copy) and none saves an
 (Lq, Lk) mask for backward.
 
+With packed documents (``documents``, a
+:class:`~torchtitan_seq1f1b.documents.SegmentDocuments`), k and v hold the
+positions ``[documents.key_start, documents.end)`` and each query sees only
+the keys of its own document at or before it: per document, bottom-right
+causal attention of its queries in the segment against its keys so far.
+Varlen kernels get one call per row with that row's per-document metadata;
+dense kernels run once per document.
+
 Each backend also states what it needs to run (:meth:`unmet_requirements`),
 so ``"auto"`` never picks a kernel that cannot run and a forced backend fails
 at start-up naming what is missing.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AttentionBackend", "KernelTarget", "check_heads", "flash_kernel_requirements"]
+from torchtitan_seq1f1b.documents import SegmentDocuments
+
+__all__ = [
+    "AttentionBackend",
+    "KernelTarget",
+    "check_heads",
+    "flash_kernel_requirements",
+    "per_document",
+    "per_row_varlen",
+]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -93,6 +111,55 @@ class AttentionBackend:
         return not self.unmet_requirements(KernelTarget.of(q))
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+        documents: SegmentDocuments | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError
+
+
+DenseKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
+
+
+def per_document(
+    kernel: DenseKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
+    documents: SegmentDocuments,
+) -> torch.Tensor:
+    """A dense bottom-right kernel run on every document of every row; shapes as the module's."""
+    rows = []
+    for row in range(q.shape[0]):
+        keys = slice(documents.key_offset(row), None)
+        k_row, v_row = k[row : row + 1, keys], v[row : row + 1, keys]
+        rows.append(
+            torch.cat(
+                [
+                    kernel(q[row : row + 1, queries], k_row[:, doc_keys], v_row[:, doc_keys], scale)
+                    for queries, doc_keys in documents.documents(row)
+                ],
+                dim=1,
+            )
+        )
+    return torch.cat(rows, dim=0)
+
+
+VarlenKernel = Callable[..., torch.Tensor]
+
+
+def per_row_varlen(
+    kernel: VarlenKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    documents: SegmentDocuments,
+) -> torch.Tensor:
+    """``kernel(q_row, k_row, v_row, cu_seqlens_q, cu_seqlens_k, max_q, max_k)`` per row.
+
+    q_row: (Lq, n_heads, head_dim); k_row, v_row: (keys of the row's documents,
+    n_kv_heads, head_dim), views of k and v. Returns (batch, Lq, n_heads, head_dim).
+    """
+    rows = []
+    for row in range(q.shape[0]):
+        keys = slice(documents.key_offset(row), None)
+        metadata = documents.varlen_metadata(row, q.device)
+        rows.append(kernel(q[row], k[row, keys], v[row, keys], *metadata))
+    return torch.stack(rows)

@@ -50,8 +50,8 @@ class _AutoBackend(AttentionBackend):
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         return []
 
-    def __call__(self, q, k, v, scale):
-        return _auto_choice(KernelTarget.of(q))(q, k, v, scale)
+    def __call__(self, q, k, v, scale, documents=None):
+        return _auto_choice(KernelTarget.of(q))(q, k, v, scale, documents)
 
 
 def resolve_backend(name: str) -> AttentionBackend:

@@ -1,17 +1,25 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""torch's CPU flash attention kernel with a bottom-right causal mask."""
+"""torch's CPU flash attention kernel with a bottom-right causal or document mask."""
 
 import torch
+
+from torchtitan_seq1f1b.documents import SegmentDocuments
 
 __all__ = ["lower_right_causal_attention_cpu"]
 
 
-def _lower_right_causal_mask(q_len: int, k_len: int, like: torch.Tensor) -> torch.Tensor:
-    """Additive (q_len, k_len) mask: query t sees keys up to ``k_len - q_len + t``."""
-    visible = torch.ones(q_len, k_len, dtype=torch.bool, device=like.device).tril(k_len - q_len)
-    return torch.zeros(q_len, k_len, dtype=like.dtype, device=like.device).masked_fill(
+def _additive_mask(
+    q_len: int, k_len: int, like: torch.Tensor, documents: SegmentDocuments | None
+) -> torch.Tensor:
+    """Additive mask: (q_len, k_len) where query t sees keys up to ``k_len - q_len +
+    t``, or (batch, 1, q_len, k_len) where it also sees only its own document."""
+    if documents is None:
+        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=like.device).tril(k_len - q_len)
+    else:
+        visible = documents.key_mask()
+    return torch.zeros(visible.shape, dtype=like.dtype, device=like.device).masked_fill(
         ~visible, float("-inf")
     )
 
@@ -22,38 +30,44 @@ class _LowerRightCausalAttentionCPU(torch.autograd.Function):
     Called with a mask, ``F.scaled_dot_product_attention`` saves it for
     backward as a float (q_len, k_len) tensor: per segment and layer as many
     bytes as the K prefix itself, for a mask that is a pure function of the
-    two lengths. Here only q, k, v, the output and the logsumexp are saved.
+    two lengths (and of each query's document start). Here only q, k, v, the
+    output and the logsumexp are saved.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale):
-        mask = _lower_right_causal_mask(q.shape[2], k.shape[2], q)
+    def forward(ctx, q, k, v, scale, documents):
+        mask = _additive_mask(q.shape[2], k.shape[2], q, documents)
         out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale
         )
         ctx.save_for_backward(q, k, v, out, logsumexp)
-        ctx.scale = scale
+        ctx.scale, ctx.documents = scale, documents
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, logsumexp = ctx.saved_tensors
-        mask = _lower_right_causal_mask(q.shape[2], k.shape[2], q)
+        mask = _additive_mask(q.shape[2], k.shape[2], q, ctx.documents)
         grad_q, grad_k, grad_v = (
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 grad_out, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask, scale=ctx.scale
             )
         )
-        return grad_q, grad_k, grad_v, None
+        return grad_q, grad_k, grad_v, None, None
 
 
 def lower_right_causal_attention_cpu(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+    documents: SegmentDocuments | None = None,
 ) -> torch.Tensor:
     """Causal attention of q_len queries ending a k_len-token prefix, on CPU.
 
     q: (batch, heads, q_len, head_dim); k, v: (batch, kv_heads, k_len,
     head_dim), kv_heads dividing heads (GQA). Returns (batch, heads, q_len,
-    head_dim), equal to SDPA with a lower-right causal mask.
+    head_dim), equal to SDPA with a lower-right causal mask, restricted to
+    each query's document when ``documents`` is given.
     """
-    return _LowerRightCausalAttentionCPU.apply(q, k, v, scale)
+    return _LowerRightCausalAttentionCPU.apply(q, k, v, scale, documents)

@@ -6,7 +6,12 @@
 import torch
 import torch.nn.functional as F
 
-from torchtitan_seq1f1b.attention.backend import AttentionBackend, check_heads, KernelTarget
+from torchtitan_seq1f1b.attention.backend import (
+    AttentionBackend,
+    check_heads,
+    KernelTarget,
+    per_document,
+)
 from torchtitan_seq1f1b.attention.cpu_kernel import lower_right_causal_attention_cpu
 from torchtitan_seq1f1b.attention.cuda_mem_efficient import (
     lower_right_causal_attention_cuda,
@@ -21,8 +26,9 @@ class SDPABackend(AttentionBackend):
 
     CPU: torch's CPU flash kernel with the mask rebuilt in backward. CUDA:
     the memory-efficient kernel with its built-in bottom-right mask where it
-    runs (not float64), else SDPA with a dense bool mask. Equal lengths (the
-    first segment, unsplit training) take SDPA's own causal path.
+    runs (not float64), once per document with packed documents, else SDPA
+    with a dense bool mask. Equal lengths without documents (the first
+    segment, unsplit training) take SDPA's own causal path.
     """
 
     name = "sdpa"
@@ -30,25 +36,30 @@ class SDPABackend(AttentionBackend):
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         return []
 
-    def __call__(self, q, k, v, scale):
+    def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)
         q_len, k_len = q.shape[1], k.shape[1]
         if q.is_cuda and not mem_efficient_requirements(KernelTarget.of(q)):
+            if documents is not None:
+                return per_document(lower_right_causal_attention_cuda, q, k, v, scale, documents)
             return lower_right_causal_attention_cuda(q, k, v, scale)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = q.shape[1] != k.shape[1]
         # SDPA's is_causal is top-left aligned when lengths differ: only safe
         # for q_len == k_len.
-        if q_len == k_len:
+        if q_len == k_len and documents is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         elif q.device.type == "cpu":
-            out = lower_right_causal_attention_cpu(q, k, v, scale)
+            out = lower_right_causal_attention_cpu(q, k, v, scale, documents)
         else:
             # A plain bool tensor, not torch's CausalBias: that tensor subclass
             # cannot be created under selective activation checkpointing.
-            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(
-                k_len - q_len
-            )
+            if documents is None:
+                mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(
+                    k_len - q_len
+                )
+            else:
+                mask = documents.key_mask()
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa
             )

@@ -5,11 +5,12 @@
 
 ``SegmentAwareAttention`` replaces a model's inner attention op (the part that
 takes q, k, v after RoPE and the head split). Inside a Seq1F1B unit it lets the
-running segment attend to the K/V of all earlier segments of its microbatch;
-anywhere else it is plain causal attention over the sequence it is given, so
-the same model also trains unsplit. A schedule binds each stage's attention
-layers to that stage's :class:`KVStore` (:func:`bind_attention`), which says
-which unit is running.
+running segment attend to the K/V of all earlier segments of its microbatch
+(with packed documents: of its own documents); anywhere else it is plain
+causal attention over the sequence it is given, so the same model also trains
+unsplit. A schedule binds each stage's attention layers to that stage's
+:class:`KVStore` (:func:`bind_attention`), which says which unit is running;
+:func:`bind_documents` gives an unsplit model packed documents.
 """
 
 from collections.abc import Callable
@@ -17,11 +18,14 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet, resolve_backend
-from torchtitan_seq1f1b.kv_store import KVStore
+from torchtitan_seq1f1b.documents import check_document_ids, MicrobatchDocuments
+from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
+from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["SegmentAwareAttention", "bind_attention", "wrap_attention"]
+__all__ = ["SegmentAwareAttention", "bind_attention", "bind_documents", "wrap_attention"]
 
 
 class SegmentAwareAttention(nn.Module):
@@ -60,9 +64,12 @@ class SegmentAwareAttention(nn.Module):
         raise_if_unmet(self.backend, KernelTarget.of(q))
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
         store = self.kv_store
-        if store is not None and store.running is not None:
+        running = store.running if store is not None else None
+        documents = None
+        if running is not None:
             k, v = store.attach(self, k, v)
-        return self.backend(q, k, v, self.scale).transpose(1, 2)
+            documents = running.segment_documents
+        return self.backend(q, k, v, self.scale, documents).transpose(1, 2)
 
     def extra_repr(self) -> str:
         return f"backend={self.backend.name}"
@@ -78,6 +85,31 @@ def bind_attention(module: nn.Module, store: KVStore | None) -> int:
     for layer in layers:
         layer.kv_store = store
     return len(layers)
+
+
+def bind_documents(module: nn.Module, ids: torch.Tensor | None) -> KVStore | None:
+    """Give an unsplit ``module``'s attention packed documents, outside any pipeline.
+
+    ids: (batch, seq_len) document ids of the next forward's inputs,
+    non-decreasing along each row. Every :class:`SegmentAwareAttention` in
+    ``module`` is bound to a store whose running unit is the whole sequence
+    with these documents; it stays in effect through backward and
+    activation-checkpoint recompute, until the next call. ``None`` restores
+    plain causal attention. Returns the store (None for ``ids=None``).
+    """
+    if ids is None:
+        bind_attention(module, None)
+        return None
+    if ids.dim() != 2:
+        raise ValueError(f"document ids must be (batch, seq_len), got shape {tuple(ids.shape)}")
+    error = check_document_ids(ids, *ids.shape)
+    if error is not None:
+        raise ValueError(error)
+    plan = SegmentPlan.from_lengths((ids.shape[1],))
+    store = KVStore()
+    store.running = RunningUnit(Unit(0, 0), plan, MicrobatchDocuments(ids, plan))
+    bind_attention(module, store)
+    return store
 
 
 def wrap_attention(

@@ -1,9 +1,12 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""torch's CUDA flash attention kernel (FlashAttention 2), dense, bottom-right causal.
+"""torch's CUDA flash attention kernel (FlashAttention 2): the ``varlen`` backend.
 
-The ``varlen`` backend.
+Without documents it is called dense; with packed documents each row goes
+through ``torch.nn.attention.varlen.varlen_attn`` with per-document
+``cu_seq_q``/``cu_seq_k`` and ``window_size=(-1, 0)``, causal from the bottom
+right of every document.
 
 This is the kernel behind ``torch.nn.attention.varlen.varlen_attn``. Called
 dense, on (batch, heads, length, head_dim) tensors whose last dim is
@@ -18,15 +21,17 @@ that saves q, k, v, the output and the logsumexp.
 from collections.abc import Callable
 
 import torch
+from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
 
 from torchtitan_seq1f1b.attention.backend import (
     AttentionBackend,
     check_heads,
     flash_kernel_requirements,
     KernelTarget,
+    per_row_varlen,
 )
 
-__all__ = ["TorchFlashBackend", "lower_right_causal_attention_flash"]
+__all__ = ["TorchFlashBackend", "lower_right_causal_attention_flash", "varlen_attention"]
 
 
 def lower_right_causal_attention_flash(
@@ -47,13 +52,29 @@ def lower_right_causal_attention_flash(
     return out.transpose(1, 2)
 
 
+def varlen_attention(
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, varlen_attn: Callable = torch_varlen_attn
+) -> torch.Tensor:
+    """One row's documents through ``varlen_attn``: q (Lq, heads, head_dim), k, v
+    (keys, kv_heads, head_dim). ``varlen_attn`` lets tests stand in for it on CPU."""
+    return varlen_attn(
+        q, k, v, cu_q, cu_k, max_q, max_k,
+        scale=scale, window_size=(-1, 0), enable_gqa=q.shape[1] != k.shape[1],
+    )
+
+
 class TorchFlashBackend(AttentionBackend):
-    """torch's own FlashAttention 2 kernel (the one behind ``varlen_attn``)."""
+    """torch's own FlashAttention 2 kernel: dense, or ``varlen_attn`` with documents."""
 
     name = "varlen"
 
-    def __init__(self, kernel: Callable = lower_right_causal_attention_flash):
+    def __init__(
+        self,
+        kernel: Callable = lower_right_causal_attention_flash,
+        varlen_kernel: Callable = varlen_attention,
+    ):
         self.kernel = kernel
+        self.varlen_kernel = varlen_kernel
 
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         unmet = flash_kernel_requirements(target)
@@ -61,6 +82,12 @@ class TorchFlashBackend(AttentionBackend):
             unmet.append("head_dim <= 192 on sm86/sm89 (torch's flash backward)")
         return unmet
 
-    def __call__(self, q, k, v, scale):
+    def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)
-        return self.kernel(q, k, v, scale)
+        if documents is None:
+            return self.kernel(q, k, v, scale)
+
+        def varlen(q_row, k_row, v_row, cu_q, cu_k, max_q, max_k):
+            return self.varlen_kernel(q_row, k_row, v_row, cu_q, cu_k, max_q, max_k, scale)
+
+        return per_row_varlen(varlen, q, k, v, documents)

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
@@ -40,6 +41,8 @@ class SegmentedRun:
         positions_kwarg: when set, ``fn`` also gets this keyword with the
             segment's global positions, ``offset + arange(length)`` of shape
             (1, length), as the schedules pass them.
+        document_ids: (batch, seq_len) packed-document ids of the microbatch,
+            as a schedule's ``document_ids_kwarg`` takes them; None is causal.
     """
 
     def __init__(
@@ -51,8 +54,10 @@ class SegmentedRun:
         microbatch: int = 0,
         seq_dim: int = 1,
         positions_kwarg: str | None = None,
+        document_ids: torch.Tensor | None = None,
     ):
         bind_attention(fn, store)
+        self.documents = None if document_ids is None else MicrobatchDocuments(document_ids, plan)
         self.fn, self.inputs, self.plan = fn, list(inputs), plan
         self.store, self.microbatch = store, microbatch
         self.seq_dim, self.positions_kwarg = seq_dim, positions_kwarg
@@ -60,7 +65,8 @@ class SegmentedRun:
         self.leaves: list[list[torch.Tensor] | None] = [None] * plan.num_segments
 
     def _unit(self, segment: int):
-        return self.store.running_unit(RunningUnit(Unit(self.microbatch, segment), self.plan))
+        unit = RunningUnit(Unit(self.microbatch, segment), self.plan, self.documents)
+        return self.store.running_unit(unit)
 
     def _cut(self, x: torch.Tensor, segment: int) -> torch.Tensor:
         return x.narrow(self.seq_dim, self.plan.offsets[segment], self.plan.lengths[segment])

@@ -33,6 +33,7 @@ from torchtitan_seq1f1b._torch_compat import (
 )
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.attention import bind_attention
+from torchtitan_seq1f1b.documents import check_document_ids, MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
 from torchtitan_seq1f1b.schedule.rank_errors import raise_on_any_rank
@@ -76,6 +77,11 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             positions (RoPE). When set and the caller passes none, each unit
             gets ``offset_j + arange(len_j)`` of shape (1, len_j).
         ignore_index: target value that does not count as a token.
+        document_ids_kwarg: keyword through which ``step()`` and ``eval()``
+            take packed-document ids, (batch, seq_len) integers non-decreasing
+            along each row, on every rank. Attention then restricts each query
+            to earlier keys of its own document, across segments; the model
+            itself never receives the ids. A step without them is causal.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         seq_dim: int = 1,
         positions_kwarg: str | None = None,
         ignore_index: int = -100,
+        document_ids_kwarg: str | None = None,
     ):
         stages = [stages] if isinstance(stages, _PipelineStageBase) else list(stages)
         check_plan(n_microbatches, segment_plan)
@@ -117,10 +124,11 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         self._seq_dim = seq_dim
         self._ignore_index = ignore_index
         self._splitter = SegmentSplitter(segment_plan, seq_dim, positions_kwarg)
+        self._document_ids_kwarg = document_ids_kwarg
         self.kv_stores = {stage.stage_index: KVStore() for stage in stages}
-        scope = UnitComputeScope(segment_plan, self.kv_stores, seq_dim)
+        self._unit_scope = UnitComputeScope(segment_plan, self.kv_stores, seq_dim)
         for stage in stages:
-            wrap_stage_compute(stage, scope)
+            wrap_stage_compute(stage, self._unit_scope)
 
         self.segment_order = self._build_segment_order()
         validate_order(
@@ -206,7 +214,14 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
                 "step() runs backward and cannot be used under torch.no_grad(); "
                 "call eval() instead"
             )
-        raise_on_any_rank(self._stages[0], self._splitter.input_error(args, target))
+        document_ids = (
+            kwargs.pop(self._document_ids_kwarg, None) if self._document_ids_kwarg else None
+        )
+        raise_on_any_rank(
+            self._stages[0],
+            self._splitter.input_error(args, target)
+            or self._document_ids_error(document_ids, args, target),
+        )
         self.pipeline_order_with_comms = (
             self._train_order_with_comms if self._has_backward else self._eval_order_with_comms
         )
@@ -227,6 +242,14 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             if args or kwargs
             else ([()] * m, [{}] * m)
         )
+        self._unit_scope.documents = (
+            None
+            if document_ids is None
+            else [
+                MicrobatchDocuments(mb[0], self.segment_plan)
+                for mb in split_args_kwargs_into_chunks((document_ids,), None, m)[0]
+            ]
+        )
         split, device = self._splitter, self._stages[0].device
         arg_units = [u for mb in args_mbs for u in split.split_args(mb)]
         kwarg_units = [u for mb in kwargs_mbs for u in split.split_kwargs(mb, device)]
@@ -244,6 +267,24 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             if stage.is_last and return_outputs:
                 return split.merge_outputs(stage.output_chunks, self._output_merge_spec)
         return None
+
+    def _document_ids_error(self, ids: Any, args: tuple, target: Any) -> str | None:
+        """Why this rank's document ids do not fit the step, if they do not."""
+        if ids is None:
+            return None
+        name = self._document_ids_kwarg
+        batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else -1
+        error = check_document_ids(ids, batch, self.segment_plan.seq_len)
+        if error is None:
+            others = [t for t in (*args, target) if isinstance(t, torch.Tensor)]
+            if any(t.shape[0] != batch for t in others):
+                error = (
+                    f"document ids have {batch} rows but the inputs/targets have "
+                    f"{[t.shape[0] for t in others]}; pass one row of ids per sample"
+                )
+            elif batch < self.n_real_microbatches:
+                error = f"{batch} rows cannot fill {self.n_real_microbatches} microbatches"
+        return None if error is None else f"{name}: {error}"
 
     def _normalizer_for(self, target: torch.Tensor) -> float | torch.Tensor:
         if self.loss_normalizer is not None:

@@ -8,8 +8,9 @@ checkpoint recompute through three methods; the schedule wraps them
 (:func:`~torchtitan_seq1f1b._torch_compat.wrap_stage_compute`) with
 :class:`UnitComputeScope`, which
 
-- tells the stage's K/V store which unit is running, so attention finds its
-  microbatch's prefix on whichever thread autograd runs it;
+- tells the stage's K/V store which unit is running (and its microbatch's
+  packed documents), so attention finds its prefix on whichever thread
+  autograd runs it;
 - turns off torch's per-chunk shape validation when segments differ in length;
 - checks after a forward that the stage's outputs keep their segment's tokens;
 - frees a microbatch's K/V once its last unit's backward (or, without
@@ -24,6 +25,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b._torch_compat import runtime_validation_disabled
 from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import scaled_seq_len, SegmentPlan
 
@@ -43,6 +45,8 @@ class UnitComputeScope:
         self.plan = plan
         self.kv_stores = kv_stores
         self.seq_dim = seq_dim
+        # This step's packed documents, one per microbatch; None for causal attention.
+        self.documents: list[MicrobatchDocuments] | None = None
         self._uneven = len(set(plan.lengths)) > 1
         self._reference_output_lens: dict[int, list[int]] = {}
 
@@ -53,7 +57,8 @@ class UnitComputeScope:
         validation = (
             runtime_validation_disabled(stage) if self._uneven else contextlib.nullcontext()
         )
-        with store.running_unit(RunningUnit(unit, self.plan)), validation:
+        documents = None if self.documents is None else self.documents[unit.microbatch]
+        with store.running_unit(RunningUnit(unit, self.plan, documents)), validation:
             yield
         if kind == "F" and not stage.is_last:
             self._check_outputs(stage, chunk_id, unit.segment)
