@@ -8,7 +8,8 @@
 - multi-process exactness: cases, the unsplit reference, pipelined runs
   (:mod:`torchtitan_seq1f1b.check.exactness`), optionally through a GPU
   kernel's CPU stand-in, and the gloo launcher;
-- torchtitan jobs under torchrun (:mod:`torchtitan_seq1f1b.check.titan_runs`).
+- torchtitan jobs under torchrun (:mod:`torchtitan_seq1f1b.check.titan_runs`)
+  and the comparison of two such runs.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from unittest import mock
 
+import pytest
 import torch
 
 from torchtitan_seq1f1b import kv_store
@@ -49,13 +51,16 @@ __all__ = [
     "SCHEDULES",
     "SegmentedRun",
     "TEST_ARGS",
+    "TORCHTITAN_RTOL",
     "WORST",
     "assert_close",
+    "assert_same_training",
     "attention_inputs",
     "backend_inputs",
     "broken",
     "compare_segmented",
     "expected_kv_peak_bytes",
+    "largest_difference",
     "make_backend",
     "output_and_grads",
     "pipelined",
@@ -311,3 +316,29 @@ def worst_relative_grad_error(ranks: list[dict], ref: dict) -> float:
         for rank in ranks
         for n, g in rank["grads"].items()
     )
+
+
+# torchtitan runs in float32 from one seed checkpoint: Seq1F1B against the
+# non-pipelined run, per-step losses and the step-1 grad_norm.
+TORCHTITAN_RTOL = 1e-4
+
+
+def assert_same_training(run: Run, reference: Run, rtol: float = TORCHTITAN_RTOL) -> None:
+    """Same logged steps (at least 5), losses and step-1 grad_norm within ``rtol``.
+
+    The grad_norm catches normalisation bugs that clipping and Adam would hide
+    in the loss curve.
+    """
+    steps = sorted(reference.losses)
+    assert len(steps) >= 5
+    assert sorted(run.losses) == steps
+    for step in steps:
+        assert run.losses[step] == pytest.approx(reference.losses[step], rel=rtol), step
+    assert run.grad_norms[1] == pytest.approx(reference.grad_norms[1], rel=rtol)
+
+
+def largest_difference(run: Run, reference: Run) -> float:
+    """Largest relative difference of a step's loss or the step-1 grad_norm."""
+    pairs = [(run.losses[s], reference.losses[s]) for s in reference.losses]
+    pairs.append((run.grad_norms[1], reference.grad_norms[1]))
+    return max(abs(value / expected - 1) for value, expected in pairs)

@@ -13,38 +13,15 @@ show that the comparison fails when Seq1F1B is broken.
 
 import pytest
 
-from tests.harness import DEBUG_CONFIG, RunFailed, TEST_ARGS, torchrun
-
-RTOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def seed_checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("seed")
-    torchrun(
-        folder, 1, *TEST_ARGS,
-        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
-        "--parallelism.pipeline_parallel_degree", "1",
-        "--debug.seed", "0",  # the same weights every session (see BF16_RTOL)
-    )
-    return folder / "checkpoint" / "step-0"
-
-
-@pytest.fixture(scope="module")
-def run(seed_checkpoint, tmp_path_factory):
-    """run(nproc, *args): a short training run from the seed checkpoint."""
-
-    def start(nproc, *args, name="run", **options):
-        return torchrun(
-            tmp_path_factory.mktemp(name), nproc, *TEST_ARGS,
-            "--checkpoint.enable",
-            "--checkpoint.initial_load_path", str(seed_checkpoint),
-            "--checkpoint.interval", "1000",
-            *args,
-            **options,
-        )
-
-    return start
+from tests.harness import (
+    assert_same_training,
+    DEBUG_CONFIG,
+    largest_difference,
+    RunFailed,
+    TEST_ARGS,
+    TORCHTITAN_RTOL as RTOL,
+    torchrun,
+)
 
 
 VALIDATION_ARGS = (
@@ -93,22 +70,6 @@ def fsdp_tp_unpipelined(run):
         "--parallelism.tensor_parallel_degree", "2",
         name="fsdp_tp",
     )
-
-
-def assert_same_training(run, reference, rtol=RTOL):
-    steps = sorted(reference.losses)
-    assert len(steps) >= 5
-    assert sorted(run.losses) == steps
-    for step in steps:
-        assert run.losses[step] == pytest.approx(reference.losses[step], rel=rtol), step
-    assert run.grad_norms[1] == pytest.approx(reference.grad_norms[1], rel=rtol)
-
-
-def largest_difference(run, reference) -> float:
-    """Largest relative difference of a step's loss or the step-1 grad_norm."""
-    pairs = [(run.losses[s], reference.losses[s]) for s in reference.losses]
-    pairs.append((run.grad_norms[1], reference.grad_norms[1]))
-    return max(abs(value / expected - 1) for value, expected in pairs)
 
 
 @pytest.mark.parametrize(
