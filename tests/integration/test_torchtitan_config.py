@@ -183,8 +183,8 @@ def test_usage_error_prints_on_local_rank_0_only(monkeypatch):
     "args,kwargs,message",
     [
         ((), {"cp": 2}, "parallelism.context_parallel_degree=2"),
-        (("--model.flavor", "debugmodel_flex_attn"), {}, "attn_type='flex'"),
-        (("--model.flavor", "debugmodel_varlen_attn"), {}, "attn_type='varlen'"),
+        (("--model.flavor", "debugmodel_flex_attn"), {"cp": 2},
+         "parallelism.context_parallel_degree=2"),
         (("--compile.enable",), {}, "compile.enable"),
         (("--parallelism.pipeline_parallel_microbatch_size", "3"), {},
          "training.local_batch_size=16 must be a multiple of "
@@ -231,6 +231,33 @@ def test_unsupported_jobs_are_rejected_with_the_option_named(args, kwargs, messa
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("flavor", ["debugmodel_flex_attn", "debugmodel_varlen_attn"])
+def test_block_causal_flavors_pass_start_up_checks(flavor):
+    job_config, _, model_args, _ = _job(DEBUG_CONFIG, "--model.flavor", flavor)
+    dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
+    assert model_args.attn_mask_type == "block_causal"
+    _check_job(job_config, dims, model_args, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "attn_type,mask_type,message",
+    [
+        ("varlen", "causal", "attn_type='varlen' with attn_mask_type='causal', which "
+         "torchtitan itself rejects"),
+        ("flex", "sliding_window", "attn_mask_type='sliding_window': Seq1F1B reproduces "
+         "'causal' and 'block_causal'"),
+    ],
+)
+def test_attention_seq1f1b_cannot_reproduce_is_rejected(monkeypatch, attn_type, mask_type, message):
+    args = get_train_spec("llama3").model_args["debugmodel_flex_attn"]
+    monkeypatch.setattr(args, "attn_type", attn_type)
+    monkeypatch.setattr(args, "attn_mask_type", mask_type)
+    with pytest.raises(Seq1F1BConfigError) as error:
+        start("--model.flavor", "debugmodel_flex_attn")
+    assert f"model.flavor='debugmodel_flex_attn': {message}" in str(error.value)
+    assert "use a flavor with attn_type='sdpa', or 'flex'/'varlen' with " in str(error.value)
+
+
 def test_cpu_support_changes_nothing_where_an_accelerator_exists(monkeypatch):
     from torchtitan_seq1f1b.integration.titan_0_2 import cpu
 
@@ -274,3 +301,21 @@ def test_run_summary_lines():
     assert "no bound for doc_tokens=65 at seq_len=128" in run_summary(
         job_config, schedule, 1, 2, [4.0]
     )[1]
+
+
+def test_block_causal_debug_job_starts_and_reports_its_bound():
+    from types import SimpleNamespace
+
+    from torchtitan_seq1f1b.integration.titan_0_2.summary import run_summary
+
+    job_config, _, model_args, _ = _job(REPO / "train_configs" / "debug_seq1f1b_block_causal.toml")
+    assert (model_args.attn_type, model_args.attn_mask_type) == ("flex", "block_causal")
+    dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
+    _check_job(job_config, dims, model_args, torch.device("cpu"))
+    schedule = SimpleNamespace(segment_plan=SimpleNamespace(lengths=(33, 32, 32, 31)))
+    lines = run_summary(job_config, schedule, 1, 300, [2.78])
+    assert lines[1] == (
+        "recall corpus (doc_tokens=43,seed=0,words=64), segments [33, 32, 32, 31]: no model "
+        "that cannot attend to earlier segments gets below loss 3.0360; the lowest any model "
+        "can reach is 1.8715"
+    )

@@ -15,7 +15,10 @@
 - the trainer hands its global valid-token count to the schedule;
 - the shipped dataset is registered, and a TOML's repo-relative path to the
   shipped tokenizer also works from an installed package;
-- on a machine without an accelerator, torchtitan runs on CPU with gloo.
+- on a machine without an accelerator, torchtitan runs on CPU with gloo, and
+  unpipelined flex/varlen (``block_causal``) models train with the
+  segment-aware attention, which computes the same masks
+  (:func:`parallelize_with_document_ids`).
 """
 
 import dataclasses
@@ -25,6 +28,7 @@ from torchtitan.config import JobConfig
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
 from torchtitan_seq1f1b.data import register_datasets, resolve_hf_assets_path
+from torchtitan_seq1f1b.integration.titan_0_2.attention import parallelize_with_document_ids
 from torchtitan_seq1f1b.integration.titan_0_2.config_checks import install_config_checks
 from torchtitan_seq1f1b.integration.titan_0_2.cpu import enable_cpu_training
 from torchtitan_seq1f1b.integration.titan_0_2.metrics import build_seq1f1b_metrics_processor
@@ -39,20 +43,23 @@ MODEL_NAMES = ("llama3",)
 def install() -> None:
     """Idempotent; see the module docstring."""
     install_config_checks()
-    enable_cpu_training()
+    on_cpu = enable_cpu_training()
     register_datasets()
     for name in MODEL_NAMES:
-        spec = get_train_spec(name)
+        spec = original = get_train_spec(name)
         if spec.pipelining_fn is not pipeline_llm_seq1f1b:
-            register_train_spec(
-                name,
-                dataclasses.replace(
-                    spec,
-                    pipelining_fn=pipeline_llm_seq1f1b,
-                    build_tokenizer_fn=build_tokenizer,
-                    build_metrics_processor_fn=build_seq1f1b_metrics_processor,
-                ),
+            spec = dataclasses.replace(
+                spec,
+                pipelining_fn=pipeline_llm_seq1f1b,
+                build_tokenizer_fn=build_tokenizer,
+                build_metrics_processor_fn=build_seq1f1b_metrics_processor,
             )
+        if on_cpu and not getattr(spec.parallelize_fn, "_seq1f1b", False):
+            spec = dataclasses.replace(
+                spec, parallelize_fn=parallelize_with_document_ids(spec.parallelize_fn)
+            )
+        if spec is not original:
+            register_train_spec(name, spec)
     install_trainer_hook()
 
 

@@ -31,8 +31,13 @@ from torchtitan.distributed.pipeline_parallel import (
 from torchtitan.protocols.train_spec import BaseModelArgs, ParallelizeFunction
 from torchtitan.tools.logging import logger
 
-from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
 from torchtitan_seq1f1b.attention import check_backend, KernelTarget
+from torchtitan_seq1f1b.integration.titan_0_2.attention import (
+    attention_problem,
+    make_segment_aware,
+    MASKS_KWARG,
+    uses_document_ids,
+)
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, ScheduleEntry, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
@@ -80,22 +85,27 @@ def pipeline_llm_seq1f1b(
         module_names,
     )
     for part in model_parts:
-        wrap_attention(part, _is_llama_inner_attention, backend)
+        make_segment_aware(part, backend)
     for i, part in enumerate(model_parts):
         model_parts[i] = stages[i].submod = parallelize_fn(part, parallel_dims, job_config)
 
+    # Flex/varlen models hand their documents to every stage as attention_masks
+    # (see make_segment_aware); the schedule takes them from there.
+    documents = uses_document_ids(model_args)
     schedule = entry.schedule_class(
         stages,
         n_microbatches=n_microbatches,
         segment_plan=plan,
         loss_fn=loss_fn,
         positions_kwarg="positions",
+        document_ids_kwarg=MASKS_KWARG if documents else None,
     )
     logger.info(
         f"Using pipeline schedule {name} with {n_microbatches} microbatches "
         f"x {plan.num_segments} segments {list(plan.lengths)} over "
         f"{len(module_names)} stages on {parallel_dims.pp} ranks, "
         f"attention_backend={backend}"
+        + (f", attn_mask_type={model_args.attn_mask_type}" if documents else "")
     )
     has_first = any(stage.is_first for stage in stages)
     has_last = any(stage.is_last for stage in stages)
@@ -149,12 +159,6 @@ def _cost_of(model: nn.Module) -> TransformerCost:
     )
 
 
-def _is_llama_inner_attention(name: str, module: nn.Module) -> bool:
-    return name.endswith("attention.inner_attention") and not isinstance(
-        module, SegmentAwareAttention
-    )
-
-
 def _attention_target(
     job_config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs, device
 ) -> KernelTarget:
@@ -200,13 +204,12 @@ def _check_job(
             f"parallelism.context_parallel_degree={parallel_dims.cp}: Seq1F1B already "
             "splits the sequence across pipeline time; set it to 1"
         )
-    attn_type = getattr(model_args, "attn_type", None)
-    if attn_type != "sdpa":
+    problem = attention_problem(model_args)
+    if problem:
         problems.append(
-            f"model.flavor={job_config.model.flavor!r} uses attn_type={attn_type!r}; "
-            "Seq1F1B's segment-aware attention replaces causal SDPA attention (flex "
-            "and varlen document masks are not supported, and neither runs on CPU); "
-            "use a flavor with attn_type='sdpa'"
+            f"model.flavor={job_config.model.flavor!r}: {problem}; use a flavor "
+            "with attn_type='sdpa', or 'flex'/'varlen' with "
+            "attn_mask_type='block_causal'"
         )
     if parallelism.pipeline_parallel_schedule_csv:
         problems.append(
