@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,15 +52,17 @@ def documented_commands() -> list[str]:
 def smoke(command: str, scratch) -> list[str]:
     """argv of ``command`` at smoke size.
 
-    torchrun jobs: 2 steps into the scratch dump folder; benchmark: --quick,
+    torchrun jobs: 2 steps into a scratch dump folder of their own (one
+    job's checkpoint would make the next resume from it); benchmark: --quick,
     1 step, two schedules unless others are named; pytest: collection only
     (running the suite from inside it would recurse).
     """
     argv = shlex.split(command, comments=True)
     if argv[0] == "torchrun":
+        config = Path(argv[argv.index("--job.config_file") + 1]).stem
         argv = [sys.executable, "-m", "torch.distributed.run", "--rdzv_backend", "c10d",
                 "--rdzv_endpoint", "localhost:0", *argv[1:],
-                "--training.steps", "2", "--job.dump_folder", str(scratch / "outputs")]
+                "--training.steps", "2", "--job.dump_folder", str(scratch / "outputs" / config)]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     module = argv[2]

@@ -8,11 +8,16 @@ place of ``torchtitan_seq1f1b``, which the job's custom_config_module has
 imported and installed by then), with ``SEQ1F1B_BREAK`` set to one of:
 
 - "segment_attention": every segment attends to its own tokens only;
-- "normalizer": gradients are divided by one token more than the step's count.
+- "normalizer": gradients are divided by one token more than the step's count;
+- "document_mask": block-causal models get one document per row (plain
+  causal attention over the window) instead of the documents EOS tokens end.
 """
 
 import os
 
+import torch
+
+from torchtitan_seq1f1b.integration.titan_0_2 import attention
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 
@@ -23,5 +28,9 @@ if BREAK == "segment_attention":
 elif BREAK == "normalizer":
     _normalizer_for = ScheduleSeq1F1B._normalizer_for
     ScheduleSeq1F1B._normalizer_for = lambda self, target: _normalizer_for(self, target) + 1
+elif BREAK == "document_mask":
+    attention.eos_document_ids = lambda tokens, eos_id: torch.zeros_like(tokens)
 else:
-    raise ValueError(f"SEQ1F1B_BREAK={BREAK!r}: use segment_attention or normalizer")
+    raise ValueError(
+        f"SEQ1F1B_BREAK={BREAK!r}: use segment_attention, normalizer or document_mask"
+    )
