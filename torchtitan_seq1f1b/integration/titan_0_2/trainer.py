@@ -69,7 +69,8 @@ def _hook_train(train):
         train(self)
         metrics = self.metrics_processor
         if (
-            self.job_config.parallelism.pipeline_parallel_schedule in SCHEDULES
+            self.parallel_dims.pp_enabled
+            and self.job_config.parallelism.pipeline_parallel_schedule in SCHEDULES
             and isinstance(metrics, Seq1F1BMetricsProcessor)
             and metrics.prints_loss
         ):
