@@ -63,7 +63,7 @@ def test_store_keeps_only_what_a_later_segment_reads_back():
     "ids, match",
     [
         ([[0, 0, 1, 1]], "tensor"),
-        (torch.zeros(1, 4), "integers"),
+        (torch.zeros(1, 4), "integer tensor"),
         (torch.zeros(2, 3, dtype=torch.long), "shape"),
         (torch.tensor([[0, 1, 1, 0]]), "decrease"),
     ],

@@ -44,13 +44,14 @@ def test_attention_pairs_per_segment():
     assert all(m == d for m, d in attention_pairs_per_segment(one_document, plan))
 
 
-def test_kv_rows_kept_starts_at_segment_ones_document():
+def test_kv_rows_kept_starts_at_the_first_key_read_back():
     ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2], [0, 1, 1, 1, 1, 2, 2, 2]])
     assert kv_rows_kept(ids[:1], SegmentPlan.from_lengths([4, 4])) == 8 - 3
     assert kv_rows_kept(ids[:1], SegmentPlan.from_lengths([2, 3, 3])) == 8
     assert kv_rows_kept(ids[1:], SegmentPlan.from_lengths([4, 4])) == 8 - 1
     assert kv_rows_kept(ids, SegmentPlan.from_lengths([4, 4])) == 8 - 1  # min over rows
-    assert kv_rows_kept(ids[:1], SegmentPlan.from_lengths([7, 1])) == 8 - 7
+    # segment 1 starts a document: it reads nothing back, nothing is kept
+    assert kv_rows_kept(ids[:1], SegmentPlan.from_lengths([7, 1])) == 0
     with pytest.raises(ValueError, match="num_segments >= 2"):
         kv_rows_kept(ids, SegmentPlan.from_lengths([8]))
 

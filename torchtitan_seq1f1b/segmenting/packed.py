@@ -157,19 +157,17 @@ def keys_per_query(ids: torch.Tensor) -> torch.Tensor:
     Args:
         ids: document ids (batch, seq_len), integer, non-decreasing along each row.
     """
-    import torch  # here, not at the top: plans and costs import without torch
+    # Imported here, not at the top: plans and costs import without torch.
+    import torch
 
-    if ids.dim() != 2 or ids.shape[1] < 1:
-        raise ValueError(f"document ids must have shape (batch, seq_len), got {tuple(ids.shape)}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise ValueError(f"document ids must be an integer tensor, got {ids.dtype}")
-    if bool((ids[:, 1:] < ids[:, :-1]).any()):
-        raise ValueError("document ids must be non-decreasing along each row")
+    from torchtitan_seq1f1b.documents import check_document_ids, document_starts
+
+    batch = ids.shape[0] if ids.dim() == 2 else -1
+    error = check_document_ids(ids, batch, ids.shape[-1])
+    if error is not None:
+        raise ValueError(error)
     positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-    starts = torch.ones_like(ids, dtype=torch.bool)
-    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    doc_start = torch.where(starts, positions, 0).cummax(dim=1).values
-    return (positions - doc_start + 1).to(torch.int64)
+    return positions - document_starts(ids) + 1
 
 
 @dataclass(frozen=True)

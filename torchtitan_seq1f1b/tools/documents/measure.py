@@ -5,9 +5,9 @@
 
 import torch
 
+from torchtitan_seq1f1b.documents import attention_pairs, MicrobatchDocuments
 from torchtitan_seq1f1b.orders import seq1f1b_order
 from torchtitan_seq1f1b.segmenting import SegmentPlan
-from torchtitan_seq1f1b.segmenting.packed import keys_per_query
 
 __all__ = ["attention_pairs_per_segment", "kv_rows_kept", "rank_kv_peak_rows"]
 
@@ -23,20 +23,15 @@ def attention_pairs_per_segment(ids: torch.Tensor, plan: SegmentPlan) -> list[tu
         ids: document ids (rows, seq_len).
         plan: the segments of ``[0, seq_len)``.
     """
-    keys = keys_per_query(ids).sum(dim=0)
     rows = ids.shape[0]
     return [
-        (int(keys[start:end].sum()), rows * (end * (end + 1) - start * (start + 1)) // 2)
+        (attention_pairs(ids, start, end), rows * (end * (end + 1) - start * (start + 1)) // 2)
         for start, end in zip(plan.offsets, plan.ends)
     ]
 
 
 def kv_rows_kept(ids: torch.Tensor, plan: SegmentPlan) -> int:
-    """Positions a microbatch's K/V store keeps: ``seq_len - lo``, ``lo`` the first key read later.
-
-    Segments ``j >= 1`` read keys from the start of their first query's
-    document; document starts only grow along a row, so the earliest is the
-    document around segment 1's first token, minimised over the microbatch's rows.
+    """Positions a microbatch's K/V store keeps: from the first key a later segment reads back.
 
     Args:
         ids: document ids of one microbatch (microbatch size, seq_len).
@@ -44,9 +39,7 @@ def kv_rows_kept(ids: torch.Tensor, plan: SegmentPlan) -> int:
     """
     if plan.num_segments < 2:
         raise ValueError("one segment keeps no K/V store; use num_segments >= 2")
-    first = plan.offsets[1]
-    doc_start = first + 1 - keys_per_query(ids)[:, first]
-    return plan.seq_len - int(doc_start.min())
+    return plan.seq_len - MicrobatchDocuments(ids, plan).keep_from
 
 
 def rank_kv_peak_rows(kept: list[int], num_stages: int, num_segments: int, rank: int = 0) -> int:
