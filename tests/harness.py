@@ -178,17 +178,41 @@ class Case(exactness.Case):
 def pipelined(rank: int, world_size: int, case: Case, loss_normalizer: float | None = None) -> dict:
     """:func:`torchtitan_seq1f1b.check.exactness.pipelined`; through a stand-in
     kernel, the result also counts the attention calls that reached it
-    (``kernel_calls``, training step and eval)."""
+    (``kernel_calls``, training step and eval; with packed documents, the
+    calls of the varlen stand-in where the adapter has one)."""
     if case.kernel == "exact":
         return exactness.pipelined(rank, world_size, case, loss_normalizer)
     backend, stand_in = stand_in_backend(case.kernel)
     result = exactness.pipelined(rank, world_size, case, loss_normalizer, backend)
-    result["kernel_calls"] = len(stand_in.calls)
+    varlen = backend.varlen_fake
+    called = varlen if case.documents is not None and varlen is not None else stand_in
+    result["kernel_calls"] = len(called.calls)
     return result
 
 
 def pipelined_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]:
     return [pipelined(rank, world_size, case) for case in cases]
+
+
+def _reads_back(ids: torch.Tensor | None, plan: SegmentPlan) -> list[int | None]:
+    """Per segment, the first earlier position its queries read (None: none).
+
+    Written from the definition, position by position: the query at a
+    segment's start sees back to the first token of its document.
+    """
+    reads = [None]
+    for start in plan.offsets[1:]:
+        if ids is None:
+            reads.append(0)
+            continue
+        first = start
+        for row in ids.tolist():
+            u = start
+            while u > 0 and row[u - 1] == row[start]:
+                u -= 1
+            first = min(first, u)
+        reads.append(first if first < start else None)
+    return reads
 
 
 def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stages: int) -> int:
@@ -198,23 +222,36 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
     layer of the stage and per microbatch, from the microbatch's first
     forward until the backward of its segment 0 has run,
 
-    - K and V of the whole sequence, two (microbatch_size, seq_len,
-      n_kv_heads, head_dim) tensors in the model's dtype;
-    - with k > 1, from the first backward of a later segment (whose prefix
-      gradients must wait for earlier segments): dK and dV of the prefix,
-      two (microbatch_size, offsets[-1], n_kv_heads, head_dim) tensors in
-      fp32 or wider.
+    - K and V from the first position a later segment reads back (0 for
+      causal attention; with packed documents, the start of the document at
+      a later segment's start, when that document began before it) to the
+      end of the sequence, two (microbatch_size, ., n_kv_heads, head_dim)
+      tensors in the model's dtype;
+    - from the first backward of a segment that reads back (whose prefix
+      gradients must wait for earlier segments): dK and dV from that same
+      position to ``offsets[-1]``, two tensors in fp32 or wider.
 
     A unit's backward is its B step, or its I step -- except on the first
     stage, where torch runs the whole backward in the W step; K/V go after
     segment 0's B or W step.
     """
     args = case.model_args
+    plan = case.plan
     n_layers = len(case.model().stage(stage_index, num_stages).layers)
     per_token = case.microbatch_size * args.n_kv_heads * (args.dim // args.n_heads)
     grad_dtype = torch.promote_types(case.dtype, torch.float32)
-    kv_bytes = 2 * n_layers * per_token * case.plan.seq_len * case.dtype.itemsize
-    bank_bytes = 2 * n_layers * per_token * case.plan.offsets[-1] * grad_dtype.itemsize
+    ids = case.document_ids()
+    rows = case.microbatch_size
+    reads = [
+        _reads_back(None if ids is None else ids[i * rows : (i + 1) * rows], plan)
+        for i in range(case.n_microbatches)
+    ]
+    low = [min((r for r in mb if r is not None), default=plan.seq_len) for mb in reads]
+    kv_bytes = [2 * n_layers * per_token * (plan.seq_len - lo) * case.dtype.itemsize for lo in low]
+    bank_bytes = [
+        2 * n_layers * per_token * max(plan.offsets[-1] - lo, 0) * grad_dtype.itemsize
+        for lo in low
+    ]
     with_kv, with_bank = set(), set()
     peak = 0
     for action in (a for actions in order.values() for a in actions if a.stage == stage_index):
@@ -224,9 +261,10 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
         )
         if action.kind == "F":
             with_kv.add(microbatch)
-        elif runs_backward and segment > 0:
+        elif runs_backward and reads[microbatch][segment] is not None:
             with_bank.add(microbatch)
-        peak = max(peak, len(with_kv) * kv_bytes + len(with_bank) * bank_bytes)
+        held = sum(kv_bytes[i] for i in with_kv) + sum(bank_bytes[i] for i in with_bank)
+        peak = max(peak, held)
         if action.kind in "BW" and segment == 0:
             with_kv.discard(microbatch)
             with_bank.discard(microbatch)
@@ -235,7 +273,7 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
 
 # ---- negative controls ----------------------------------------------------------
 
-BREAKS = ("prefix_grads", "prefix_attention", "w_order")
+BREAKS = ("prefix_grads", "prefix_attention", "w_order", "document_mask")
 
 
 def _first_stage_weights_first_segment_first(order: Order) -> Order:
@@ -270,7 +308,9 @@ def broken(what: str, case: Case) -> Iterator[None]:
     - "prefix_attention": a segment attends to its own tokens only;
     - "w_order": on a split-backward schedule's first stage, W steps run
       first segment first (the order validator, which rejects that, is
-      bypassed).
+      bypassed);
+    - "document_mask": the schedule drops the document ids it is given, so
+      attention is causal across documents.
     """
     if what == "prefix_grads":
         patch = mock.patch.object(
@@ -294,6 +334,8 @@ def broken(what: str, case: Case) -> Iterator[None]:
                 lambda self: _first_stage_weights_first_segment_first(build(self)),
             )
         )
+    elif what == "document_mask":
+        patch = mock.patch.object(schedule_runtime, "MicrobatchDocuments", lambda ids, plan: None)
     else:
         raise ValueError(f"unknown break {what!r}; choose one of {BREAKS}")
     with patch:

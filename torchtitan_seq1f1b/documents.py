@@ -37,7 +37,7 @@ def check_document_ids(ids: object, batch: int, seq_len: int) -> str | None:
     if not isinstance(ids, torch.Tensor):
         return f"document ids must be a tensor, got {type(ids).__name__}"
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        return f"document ids must be integers, got dtype {ids.dtype}"
+        return f"document ids must be an integer tensor, got dtype {ids.dtype}"
     if tuple(ids.shape) != (batch, seq_len):
         return (
             f"document ids have shape {tuple(ids.shape)}, expected (batch, seq_len) = "

@@ -202,8 +202,7 @@ class KVStore:
                     f"K/V of microbatch {microbatch} were freed before segment "
                     f"{segment} ran; segments must run in order"
                 )
-            low = 0 if running.documents is None else running.documents.keep_from
-            buffers = _PrefixBuffers(k, low, plan.seq_len, plan.offsets[-1])
+            buffers = _PrefixBuffers(k, running.keep_from, plan.seq_len, plan.offsets[-1])
             self._buffers[key] = buffers
         key_start = running.key_start
         views = _AttachToPrefix.apply(k, v, buffers, key_start, plan.offsets[segment], self)
@@ -247,3 +246,10 @@ class RunningUnit:
         """First key position the unit's queries see."""
         documents = self.segment_documents
         return 0 if documents is None else documents.key_start
+
+    @property
+    def keep_from(self) -> int:
+        """First position a later segment of the microbatch reads back (``seq_len``: none)."""
+        if self.documents is not None:
+            return self.documents.keep_from
+        return 0 if self.plan.num_segments > 1 else self.plan.seq_len

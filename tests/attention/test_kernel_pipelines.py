@@ -8,8 +8,9 @@ stage calls the flash-attn, torch flash or mask-free exact CUDA adapter,
 which reaches its kernel's CPU stand-in (tests/kernel_fakes.py). A
 representative slice of the exactness grid per adapter: uneven plans, GQA
 and MHA, activation checkpointing with backward on a fresh thread, a
-split-backward and an interleaved variant; compared with the unsplit exact
-reference like tests/schedule/test_exactness.py (rtol 1e-10).
+split-backward and an interleaved variant, and packed documents (where the
+varlen adapters call their kernels' varlen entry points); compared with the
+unsplit exact reference like tests/schedule/test_exactness.py (rtol 1e-10).
 """
 
 import pytest
@@ -28,6 +29,10 @@ def _cases(kernel: str) -> list[Case]:
              schedule="Seq1F1BZeroBubble", kernel=kernel),
         Case(1, (16, 14), n_kv_heads=1, schedule="InterleavedSeq1F1B", stages_per_rank=2,
              kernel=kernel),
+        Case(2, (12, 10, 8), n_kv_heads=2, activation_checkpoint="full", kernel=kernel,
+             documents=((4, 13, 2, 11), (30,), (1,) * 30)),
+        Case(2, (9, 7, 7, 7), n_kv_heads=4, schedule="Seq1F1BZBV", stages_per_rank=2,
+             kernel=kernel, documents=((9, 7, 3, 11), (2, 25, 3))),
     ]
 
 
@@ -41,7 +46,12 @@ def runs():
 
 
 @pytest.mark.parametrize(
-    "case", CASES, ids=lambda c: f"{c.kernel}-{c.schedule}-kv{c.n_kv_heads}-{c.activation_checkpoint}"
+    "case",
+    CASES,
+    ids=lambda c: (
+        f"{c.kernel}-{c.schedule}-kv{c.n_kv_heads}-{c.activation_checkpoint}"
+        f"{'-documents' if c.documents else ''}"
+    ),
 )
 def test_pipelined_through_adapter_matches_unsplit(runs, case):
     ranks = runs[case]

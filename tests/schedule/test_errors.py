@@ -89,15 +89,22 @@ def test_variants_reject_the_wrong_stage_placement(schedule, placement, match):
 def _step_with_bad_input(rank, world_size, bad):
     schedule = ScheduleSeq1F1B(
         _stage(rank, world_size), 2, CASE.plan, loss_fn=token_sum_cross_entropy,
-        positions_kwarg="positions",
+        positions_kwarg="positions", document_ids_kwarg="document_ids",
     )
     tokens, target = CASE.batch()
     if bad == "input":
         tokens = tokens[:, :-1]
     elif bad == "target":
         target = target[:, :-2]
+    documents = {}
+    if bad == "document_ids" and rank == 1:
+        ids = torch.zeros(tokens.shape, dtype=torch.long)
+        ids[:, 5] = 1  # a document id that decreases again
+        documents = {"document_ids": ids}
     is_last = rank == world_size - 1
-    schedule.step(*((tokens,) if rank == 0 else ()), target=target if is_last else None)
+    schedule.step(
+        *((tokens,) if rank == 0 else ()), target=target if is_last else None, **documents
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,6 +117,14 @@ def test_bad_step_input_fails_on_every_rank_without_hanging(bad, culprit, shape)
     for message in failure.value.errors.values():
         assert f"pipeline rank {culprit}" in message
         assert f"of shape {shape} does not have seq_len=12" in message
+
+
+def test_bad_document_ids_fail_on_every_rank_naming_the_keyword():
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_step_with_bad_input, 3, "document_ids", timeout=120)
+    assert set(failure.value.errors) == {0, 1, 2}
+    for message in failure.value.errors.values():
+        assert "pipeline rank 1: document_ids: document ids decrease along a row" in message
 
 
 def test_untested_torch_is_refused_with_the_fix(monkeypatch):

@@ -13,6 +13,8 @@ come back on the CPU whatever the device.
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage
 
 from torchtitan_seq1f1b import (
@@ -58,6 +60,9 @@ class Case:
     device: str = "cpu"
     """"cpu", or "cuda": rank r runs on GPU r, the reference on GPU 0."""
     dtype: torch.dtype = torch.float64
+    documents: tuple[tuple[int, ...], ...] | None = None
+    """Packed documents: per row, document lengths summing to seq_len (rows
+    take the layouts in turn); None is causal attention."""
 
     @property
     def plan(self) -> SegmentPlan:
@@ -90,6 +95,39 @@ class Case:
         return tokens.to(device), target.to(device)
 
 
+    def document_ids(self, device: torch.device | str = "cpu") -> torch.Tensor | None:
+        """(n_microbatches * microbatch_size, seq_len) ids of :attr:`documents`, or None."""
+        if self.documents is None:
+            return None
+        rows = self.n_microbatches * self.microbatch_size
+        layouts = [self.documents[i % len(self.documents)] for i in range(rows)]
+        for lengths in layouts:
+            if sum(lengths) != self.plan.seq_len:
+                raise ValueError(f"document lengths {lengths} do not sum to {self.plan.seq_len}")
+        ids = [[doc for doc, n in enumerate(lengths) for _ in range(n)] for lengths in layouts]
+        return torch.tensor(ids, device=device)
+
+
+class ExplicitDocumentAttention(nn.Module):
+    """The reference's attention: SDPA with an explicit (batch, 1, L, L)
+    block-causal mask, independent of the segment-aware machinery.
+
+    q: (batch, heads, L, head_dim); k, v: (batch, kv_heads, L, head_dim).
+    """
+
+    def __init__(self, document_ids: torch.Tensor):
+        super().__init__()
+        self.document_ids = document_ids
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ids, length = self.document_ids, q.shape[2]
+        causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        mask = (ids[:, :, None] == ids[:, None, :]) & causal
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask[:, None], enable_gqa=q.shape[1] != k.shape[1]
+        )
+
+
 def _host(x: torch.Tensor) -> torch.Tensor:
     """A CPU copy (results cross process boundaries and outlive the step)."""
     return x.detach().to("cpu", copy=True)
@@ -107,6 +145,10 @@ def reference(case: Case, dtype: torch.dtype | None = None) -> dict:
     device = case.rank_device(0)
     model = case.model(device).to(dtype or case.dtype)
     tokens, target = case.batch(device)
+    document_ids = case.document_ids(device)
+    if document_ids is not None:
+        for layer in model.layers.values():
+            layer.attention.inner_attention = ExplicitDocumentAttention(document_ids)
     logits = model(tokens)
     loss_sum = token_sum_cross_entropy(logits, target)
     (loss_sum / (target != -100).sum()).backward()
@@ -158,14 +200,16 @@ def pipelined(
         case.plan,
         loss_fn=token_sum_cross_entropy,
         positions_kwarg="positions",
+        document_ids_kwarg="document_ids",
     )
     schedule.loss_normalizer = loss_normalizer
     tokens, target = case.batch(device)
     inputs = (tokens,) if rank == 0 else ()
+    documents = {"document_ids": case.document_ids(device)}  # on every rank
     has_last = indices[-1] == num_stages - 1
     losses: list = []
     with backward_on_fresh_thread(case.device_thread):
-        schedule.step(*inputs, target=target if has_last else None, losses=losses)
+        schedule.step(*inputs, target=target if has_last else None, losses=losses, **documents)
     stores = [schedule.kv_stores[i] for i in indices]
     result = {
         "grads": {n: _host(p.grad) for part in parts for n, p in part.named_parameters()},
@@ -182,7 +226,7 @@ def pipelined(
         ],
     }
     with torch.no_grad():
-        logits = schedule.eval(*inputs, target=target if has_last else None)
+        logits = schedule.eval(*inputs, target=target if has_last else None, **documents)
     result["logits"] = _host(logits) if has_last else None
     result["kv_left_after_eval"] = sum(len(store) for store in stores)
     return result

@@ -6,6 +6,8 @@
 Each backend gets the same inputs, rounded to its dtype; the reference is
 plain masked-softmax attention in float64 on those rounded values, so every
 difference is the kernel's own (its masking, GQA, prefix handling, rounding).
+The segment after a prefix also runs with packed documents (the varlen
+entry points of the flash kernels), rows with different layouts.
 """
 
 import math
@@ -14,12 +16,17 @@ import torch
 
 from torchtitan_seq1f1b.attention import KernelTarget, resolve_backend
 from torchtitan_seq1f1b.check import relative_error, Result
+from torchtitan_seq1f1b.documents import document_starts, SegmentDocuments
 
 __all__ = ["kernel_results", "reference_attention"]
 
 N_HEADS, N_KV_HEADS = 8, 2  # GQA: 4 query heads per K/V head
 # (q_len, k_len): a segment after a 160-token prefix, and a first segment.
 SHAPES = ((96, 256), (96, 96))
+# Per row (rows take them in turn), document lengths over the 256 positions of
+# the segment after a prefix: documents crossing into it and ending in it, and
+# one document over everything.
+DOCUMENTS = ((100, 100, 56), (256,))
 HEAD_DIMS = (64, 128)
 BATCHES = (1, 2)
 DTYPES = {
@@ -37,11 +44,12 @@ DTYPES = {
 BOUNDS = {torch.bfloat16: 2**-6, torch.float64: 1e-12}
 
 
-def reference_attention(q, k, v, scale=None):
+def reference_attention(q, k, v, scale=None, visible=None):
     """Bottom-right causal attention, (B, Lq, H, D) x (B, Lk, Hkv, D) -> (B, Lq, H, D).
 
-    Query t of Lq sees keys 0..Lk-Lq+t; query heads h share K/V head
-    h // (H / Hkv). Computes in the inputs' dtype (float64 here).
+    Query t of Lq sees keys 0..Lk-Lq+t, or those ``visible`` (B, 1, Lq, Lk)
+    allows; query heads h share K/V head h // (H / Hkv). Computes in the
+    inputs' dtype (float64 here).
     """
     q_len, n_heads, head_dim = q.shape[1:]
     k_len, n_kv_heads = k.shape[1:3]
@@ -51,6 +59,8 @@ def reference_attention(q, k, v, scale=None):
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     last_visible = torch.arange(q_len, device=q.device)[:, None] + (k_len - q_len)
     hidden = torch.arange(k_len, device=q.device)[None, :] > last_visible
+    if visible is not None:
+        hidden = ~visible
     return torch.einsum("bhqk,bkhd->bqhd", scores.masked_fill(hidden, -math.inf).softmax(-1), v)
 
 
@@ -72,19 +82,38 @@ def _output_and_grads(fn, q, k, v, grad_out):
     return [out.detach(), *(leaf.grad for leaf in leaves)]
 
 
+def _segment_documents(batch: int, q_len: int, k_len: int, device) -> SegmentDocuments:
+    layouts = [DOCUMENTS[row % len(DOCUMENTS)] for row in range(batch)]
+    ids = torch.tensor(
+        [[doc for doc, n in enumerate(lengths) for _ in range(n)] for lengths in layouts],
+        device=device,
+    )
+    return SegmentDocuments.of(document_starts(ids), k_len - q_len, k_len)
+
+
 def _worst_error(backend, head_dim, dtype, device) -> tuple[float, str]:
     worst, where = 0.0, ""
+    cases = [(*shape, False) for shape in SHAPES] + [(*SHAPES[0], True)]
     for batch in BATCHES:
-        for q_len, k_len in SHAPES:
+        for q_len, k_len, packed in cases:
             q, k, v, grad_out = _inputs(batch, q_len, k_len, head_dim, dtype, device, seed=batch)
-            actual = _output_and_grads(lambda *x: backend(*x, None), q, k, v, grad_out)
+            documents, visible = None, None
+            if packed:
+                documents = _segment_documents(batch, q_len, k_len, device)
+                k, v = k[:, documents.key_start :], v[:, documents.key_start :]
+                visible = documents.key_mask()
+            actual = _output_and_grads(
+                lambda *x: backend(*x, None, documents), q, k, v, grad_out
+            )
             expected = _output_and_grads(
-                reference_attention, *(x.double() for x in (q, k, v, grad_out))
+                lambda *x: reference_attention(*x, visible=visible),
+                *(x.double() for x in (q, k, v, grad_out)),
             )
             for name, a, e in zip(("out", "dq", "dk", "dv"), actual, expected):
                 error = relative_error(a, e)
                 if not error <= worst:  # NaN counts as worst
-                    worst, where = error, f"{name} b{batch} {q_len}/{k_len}"
+                    layout = " documents" if packed else ""
+                    worst, where = error, f"{name} b{batch} {q_len}/{k_len}{layout}"
     return worst, where
 
 

@@ -4,6 +4,14 @@
 """How a sequence is cut into Seq1F1B segments, and what each segment costs."""
 
 from torchtitan_seq1f1b.segmenting.cost import SegmentCost, TransformerCost
+from torchtitan_seq1f1b.segmenting.packed import DocumentLengths, PackedDocumentsCost
 from torchtitan_seq1f1b.segmenting.plan import scaled_seq_len, SegmentPlan
 
-__all__ = ["SegmentCost", "SegmentPlan", "TransformerCost", "scaled_seq_len"]
+__all__ = [
+    "DocumentLengths",
+    "PackedDocumentsCost",
+    "SegmentCost",
+    "SegmentPlan",
+    "TransformerCost",
+    "scaled_seq_len",
+]

@@ -8,21 +8,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["SegmentCost", "TransformerCost", "is_int"]
+__all__ = ["SegmentCost", "TransformerCost", "check_span", "is_int"]
 
 
 def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_span(length: int, end: int, seq_len: int | None = None) -> None:
+    """Raise unless ``[end - length, end)`` is a non-empty span (within ``[0, seq_len)``)."""
+    if not (is_int(length) and is_int(end) and 0 < length <= end):
+        raise ValueError(f"need ints 0 < length <= end, got length={length!r}, end={end!r}")
+    if seq_len is not None and end > seq_len:
+        raise ValueError(f"end={end} is past this cost's seq_len={seq_len}")
+
+
 class SegmentCost(Protocol):
-    """What :meth:`SegmentPlan.balanced` needs: a segment's cost, quadratic in its length."""
+    """What :meth:`SegmentPlan.balanced` needs: the forward FLOPs of a segment.
+
+    The cost must be a sum over the segment's query positions of a positive
+    per-position cost that does not depend on where segments are cut (true of
+    causal and of document-masked attention): then FLOPs add up over any split,
+    and a longer segment ending at the same position costs more.
+    """
 
     def forward_flops(self, length: int, end: int) -> int:
         """FLOPs of the forward pass over tokens ``[end - length, end)``."""
-
-    def flops_coefficients(self, end: int) -> tuple[float, float]:
-        """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +108,15 @@ class TransformerCost:
 
         Summing this over any split of ``[0, P)`` gives ``forward_flops(P, P)``.
         """
-        if not (is_int(length) and is_int(end) and 0 < length <= end):
-            raise ValueError(f"need ints 0 < length <= end, got length={length!r}, end={end!r}")
-        per_token, per_query_key = self._flop_rates()
+        check_span(length, end)
+        per_token, _ = self.flop_rates()
+        return length * per_token + self.attention_flops(length, end)
+
+    def attention_flops(self, length: int, end: int) -> int:
+        """FLOPs of QK^T and AV of tokens ``[end - length, end)``: the part without weights."""
+        check_span(length, end)
         keys_attended = length * end - length * (length - 1) // 2
-        return length * per_token + keys_attended * per_query_key
+        return keys_attended * self.flop_rates()[1]
 
     def flops_coefficients(self, end: int) -> tuple[float, float]:
         """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``; ``a < 0``.
@@ -109,10 +124,10 @@ class TransformerCost:
         ``a`` is negative because a longer segment ending at the same ``end``
         reaches back to earlier, cheaper positions.
         """
-        per_token, per_query_key = self._flop_rates()
+        per_token, per_query_key = self.flop_rates()
         return -per_query_key / 2, per_token + per_query_key * (end + 0.5)
 
-    def _flop_rates(self) -> tuple[int, int]:
+    def flop_rates(self) -> tuple[int, int]:
         """FLOPs per token (projections, MLP, LM head) and per attended (query, key) pair."""
         per_layer_token = (
             4 * self.dim * self.dim

@@ -12,7 +12,6 @@ tokens before it, so equal-length segments cost more the later they sit (7B at
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -50,24 +49,22 @@ def _fit_from_end(
 
     Every segment keeps at least ``align`` tokens; only the first may exceed ``budget``.
     Taking the longest segment each time is optimal: it leaves the shortest prefix, and
-    a shorter prefix is never harder to split (a segment costs less the earlier it ends).
+    a shorter prefix is never harder to split (a segment's cost is a sum of positive
+    per-position costs, so a sub-span costs no more than its span).
     """
     end, lengths = seq_len, []
     for segments_before in range(num_segments - 1, 0, -1):
-        # Root of a s^2 + b s = budget. 2 budget / (b + sqrt(..)) avoids the cancellation
-        # of (-b + sqrt(..)) / 2a when |a| is small; with no root, the whole prefix fits.
-        a, b = cost.flops_coefficients(end)
-        discriminant = b * b + 4 * a * budget
-        exact = 2 * budget / (b + math.sqrt(discriminant)) if discriminant >= 0 else end
-        most = end // align - segments_before
-        units = min(max(math.floor(exact / align), 1), most)
-        # The float root can land one unit off; settle it with exact integer FLOPs.
-        while units > 1 and cost.forward_flops(units * align, end) > budget:
-            units -= 1
-        while units < most and cost.forward_flops((units + 1) * align, end) <= budget:
-            units += 1
-        lengths.append(units * align)
-        end -= units * align
+        # Bisection over align units: the cost of a segment ending at `end` grows with its
+        # length whatever the attention mask, so no closed form is needed.
+        fits, too_long = 1, end // align - segments_before + 1
+        while too_long - fits > 1:
+            units = (fits + too_long) // 2
+            if cost.forward_flops(units * align, end) <= budget:
+                fits = units
+            else:
+                too_long = units
+        lengths.append(fits * align)
+        end -= fits * align
     lengths.append(end)
     return tuple(reversed(lengths))
 
@@ -140,20 +137,25 @@ class SegmentPlan:
 
         The costliest segment paces the pipeline, so this returns a plan whose
         largest ``cost.forward_flops`` is the smallest any ``align``-multiple plan
-        can reach (hence never above :meth:`uniform`'s). Causal cost is additive,
+        can reach (hence never above :meth:`uniform`'s). The cost is additive,
         so that largest cost is at least ``T = forward_flops(seq_len, seq_len) /
         num_segments``. For a FLOP budget ``B``, segments are fitted from the last
-        back, each the longest (closed form) that costs at most ``B``; bisection
+        back, each the longest (bisection) that costs at most ``B``; bisection
         over integer ``B`` in ``[T, uniform's max]`` finds the least ``B`` that
         the first segment fits too. With ``align=1`` that ``B`` is ``T`` to within
         a few tokens' FLOPs.
         """
         _check_split(seq_len, num_segments, align)
-        required = ("forward_flops", "flops_coefficients")
-        if not all(callable(getattr(cost, name, None)) for name in required):
+        if not callable(getattr(cost, "forward_flops", None)):
             raise ValueError(
-                f"cost={cost!r} must provide forward_flops(length, end) and "
-                "flops_coefficients(end); use a TransformerCost"
+                f"cost={cost!r} must provide forward_flops(length, end); use a "
+                "TransformerCost, or a PackedDocumentsCost under packed documents"
+            )
+        built_for = getattr(cost, "seq_len", seq_len)
+        if built_for != seq_len:
+            raise ValueError(
+                f"cost was built for seq_len={built_for}, not {seq_len}; build it for "
+                f"windows of {seq_len} tokens"
             )
         # Invariant: no plan fits within `infeasible`; `best` fits within `budget`.
         infeasible = -(-cost.forward_flops(seq_len, seq_len) // num_segments) - 1

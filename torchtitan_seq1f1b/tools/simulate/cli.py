@@ -6,16 +6,21 @@
 import argparse
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from torchtitan_seq1f1b.segmenting import TransformerCost
+from torchtitan_seq1f1b.segmenting import DocumentLengths, TransformerCost
 from torchtitan_seq1f1b.tools.model_shapes import get_preset, MODEL_PRESETS
-from torchtitan_seq1f1b.tools.simulate.config import MemoryModel, SimConfig
+from torchtitan_seq1f1b.tools.simulate.config import MemoryModel, PARTITIONS, SimConfig
 from torchtitan_seq1f1b.tools.simulate.paper import run_paper
 from torchtitan_seq1f1b.tools.simulate.schedules import SCHEDULE_SPECS, SCHEDULES
-from torchtitan_seq1f1b.tools.simulate.step import simulate
-from torchtitan_seq1f1b.tools.simulate.tables import print_paper, print_results
+from torchtitan_seq1f1b.tools.simulate.step import simulate, SimResult
+from torchtitan_seq1f1b.tools.simulate.tables import (
+    print_paper,
+    print_plan_comparison,
+    print_results,
+)
 
-__all__ = ["main", "number_at_least", "positive_int", "write_json"]
+__all__ = ["document_lengths", "main", "number_at_least", "positive_int", "write_json"]
 
 # What the CLI runs without --schedule; "--schedule all" runs every schedule.
 DEFAULT_SCHEDULES = ("1F1B", "GPipe", "Seq1F1B")
@@ -53,6 +58,14 @@ def _schedule_names(text: str) -> list[str]:
     raise argparse.ArgumentTypeError(
         f"unknown schedule {text!r}; choose from {', '.join(SCHEDULES)} or all"
     )
+
+
+def document_lengths(text: str) -> tuple[str, DocumentLengths]:
+    """An argparse ``type`` for ``--documents``: the spec as typed, and its distribution."""
+    try:
+        return text, DocumentLengths.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,8 +112,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--chunks", "-v", "--v", type=positive_int, default=None,
                      help="stages (model chunks) per rank of the multi-stage schedules "
                           "(default 2); the others run 1")
-    run.add_argument("--partition", choices=("uniform", "balanced"), default="balanced",
-                     help="segment lengths: equal, or equal forward FLOPs")
+    run.add_argument("--partition", choices=PARTITIONS, default="balanced",
+                     help="segment lengths: equal, equal forward FLOPs, or equal FLOPs under "
+                          "dense causal attention even with --documents")
+    run.add_argument("--documents", type=document_lengths, metavar="SPEC",
+                     help="sequences pack documents with these lengths (lognormal:MEAN[:SIGMA] "
+                          "or fixed:LENGTH, e.g. lognormal:2048) and attention is "
+                          "document-masked; also compares the segment plans under them")
     run.add_argument("--align", type=positive_int, default=None,
                      help="segment length multiple (default: tp with sequence parallel, else 1)")
     run.add_argument("--schedule", type=_schedule_names, nargs="+",
@@ -205,6 +223,8 @@ def _configs_from_args(
         partition=args.partition, p2p_latency=args.p2p_latency, align=args.align,
         backward_split=args.backward_split, memory=memory,
     )
+    if args.documents is not None:
+        base["documents_name"], base["documents"] = args.documents
     # De-duplicate, keep order.
     names = list(dict.fromkeys(name for group in args.schedule for name in group))
     configs = []
@@ -218,6 +238,16 @@ def _configs_from_args(
     return configs
 
 
+def _plan_comparison(configs: list[SimConfig]) -> list[SimResult]:
+    """Every segmented schedule simulated with each partition, under the same documents."""
+    return [
+        simulate(replace(config, partition=partition))
+        for config in configs
+        if config.num_segments > 1
+        for partition in PARTITIONS
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command with ``argv`` (default ``sys.argv[1:]``); 0 on success."""
     parser = _parser()
@@ -226,9 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = run_paper()
         print_paper(records)
     else:
-        results = [simulate(config) for config in _configs_from_args(parser, args)]
+        configs = _configs_from_args(parser, args)
+        results = [simulate(config) for config in configs]
         print_results(results)
         records = [r.to_record() for r in results]
+        if args.documents is not None:
+            plans = _plan_comparison(configs)
+            if plans:
+                print_plan_comparison(plans)
+                records += [r.to_record() for r in plans]
     if args.json:
         write_json(parser, args.json, records)
     return 0

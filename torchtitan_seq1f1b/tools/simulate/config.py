@@ -4,12 +4,20 @@
 """What one simulated step is: the model, layout and schedule, and the memory model's knobs."""
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from torchtitan_seq1f1b.actions import Order
-from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+from torchtitan_seq1f1b.segmenting import (
+    DocumentLengths,
+    PackedDocumentsCost,
+    SegmentPlan,
+    TransformerCost,
+)
 from torchtitan_seq1f1b.tools.simulate.schedules import SCHEDULE_SPECS, SCHEDULES, ScheduleSpec
 
-__all__ = ["MemoryModel", "SimConfig", "schedule_order"]
+__all__ = ["PARTITIONS", "MemoryModel", "SimConfig", "schedule_order"]
+
+PARTITIONS = ("uniform", "causal-balanced", "balanced")
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,8 @@ class SimConfig:
     backward_split: str = "equal"
     memory: MemoryModel = field(default_factory=MemoryModel)
     model_name: str = "custom"
+    documents: DocumentLengths | None = None
+    documents_name: str = "custom"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_SPECS:
@@ -84,8 +94,8 @@ class SimConfig:
         problem = self.spec.chunks_problem(self.schedule, self.v)
         if problem:
             raise ValueError(f"v={self.v} stages per rank: {problem}")
-        if self.partition not in ("uniform", "balanced"):
-            raise ValueError(f"partition={self.partition!r} must be 'uniform' or 'balanced'")
+        if self.partition not in PARTITIONS:
+            raise ValueError(f"partition={self.partition!r} must be one of {PARTITIONS}")
         if self.backward_split not in ("equal", "flops"):
             raise ValueError(
                 f"backward_split={self.backward_split!r} must be 'equal' or 'flops'"
@@ -125,11 +135,19 @@ class SimConfig:
             return self.align
         return self.tp if self.memory.sequence_parallel else 1
 
+    @cached_property
+    def segment_cost(self) -> TransformerCost | PackedDocumentsCost:
+        """Forward FLOPs per segment: causal, or document-masked under ``documents``."""
+        if self.documents is None:
+            return self.model
+        return PackedDocumentsCost.expected(self.model, self.documents, self.seq_len)
+
     def plan(self) -> SegmentPlan:
         k = self.num_segments
         if self.partition == "uniform" or k == 1:
             return SegmentPlan.uniform(self.seq_len, k, self.segment_align)
-        return SegmentPlan.balanced(self.seq_len, k, self.model, self.segment_align)
+        cost = self.model if self.partition == "causal-balanced" else self.segment_cost
+        return SegmentPlan.balanced(self.seq_len, k, cost, self.segment_align)
 
     def layers_per_stage(self) -> list[int]:
         """Blocks per stage; a remainder goes to the earliest stages."""

@@ -4,6 +4,7 @@
 """One simulated step: the timeline of the schedule's real order, and every rank's memory peaks."""
 
 from dataclasses import asdict, dataclass
+from itertools import accumulate
 
 from torchtitan_seq1f1b.orders import equal_cost_bubble, replay
 from torchtitan_seq1f1b.tools.simulate.config import schedule_order, SimConfig
@@ -55,6 +56,15 @@ class SimResult:
         return self.config.schedule
 
     @property
+    def segment_flops_imbalance(self) -> float:
+        """Largest segment's forward FLOPs over the mean, under the simulated attention."""
+        flops = [
+            self.config.segment_cost.forward_flops(n, end)
+            for n, end in zip(self.segment_lengths, accumulate(self.segment_lengths))
+        ]
+        return max(flops) * len(flops) / sum(flops)
+
+    @property
     def peak_memory_bytes(self) -> list[int]:
         return [r.peak_memory_bytes for r in self.ranks]
 
@@ -65,7 +75,7 @@ class SimResult:
     def to_record(self) -> dict:
         """The JSON record the CLI's ``--json`` writes."""
         cfg = self.config
-        return {
+        record = {
             "schedule": self.schedule,
             "chunks": cfg.v,
             "makespan": self.makespan,
@@ -90,6 +100,12 @@ class SimResult:
             "segment_lengths": list(self.segment_lengths),
             "ranks": [asdict(r) for r in self.ranks],
         }
+        if cfg.documents is not None:
+            record["config"]["documents"] = {
+                "name": cfg.documents_name, "mean": cfg.documents.mean,
+            }
+            record["segment_flops_imbalance"] = self.segment_flops_imbalance
+        return record
 
 
 def simulate(config: SimConfig) -> SimResult:

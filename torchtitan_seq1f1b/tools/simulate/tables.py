@@ -7,7 +7,7 @@ from torchtitan_seq1f1b.tools.simulate.memory import GIB
 from torchtitan_seq1f1b.tools.simulate.paper import PAPER_CHUNKS
 from torchtitan_seq1f1b.tools.simulate.step import SimResult
 
-__all__ = ["print_paper", "print_results"]
+__all__ = ["print_paper", "print_plan_comparison", "print_results"]
 
 TABLE_LEGEND = """\
 columns:
@@ -31,6 +31,7 @@ def print_results(results: list[SimResult]) -> None:
         f"model={cfg.model_name} seq_len={cfg.seq_len} pp={cfg.pp} tp={cfg.tp} dp={cfg.dp} "
         f"m={cfg.microbatches} partition={cfg.partition} p2p_latency={cfg.p2p_latency} "
         f"backward_split={cfg.backward_split}"
+        + (f" documents={cfg.documents_name}" if cfg.documents is not None else "")
     )
     width = max(len("schedule"), *(len(r.schedule) for r in results))
     print(f"{'schedule':<{width}} {'v':>2} {'k':>2} {'makespan':>9} {'bubble':>7} "
@@ -49,6 +50,30 @@ def print_results(results: list[SimResult]) -> None:
         if r.config.num_segments > 1:
             print(f"{'':<{width}} segment lengths {list(r.segment_lengths)}")
     print(TABLE_LEGEND)
+
+
+PLANS_LEGEND = """\
+  FLOPs max/mean  the costliest segment's forward FLOPs over the mean, with
+                  document-masked attention: it paces the pipeline
+  causal-balanced equal FLOPs under dense causal attention (a plan that ignores documents);
+                  balanced: equal FLOPs under the document mask"""
+
+
+def print_plan_comparison(results: list[SimResult]) -> None:
+    """Segment plans under packed documents: one row per (schedule, partition)."""
+    cfg = results[0].config
+    print(f"\nsegment plans under packed documents {cfg.documents_name} "
+          f"(mean {cfg.documents.mean:.0f} tokens), document-masked attention")
+    width = max(len("schedule"), *(len(r.schedule) for r in results))
+    print(f"{'schedule':<{width}} {'k':>2} {'partition':<15} {'FLOPs max/mean':>14} "
+          f"{'makespan':>9} {'bubble':>7}  segment lengths")
+    for r in results:
+        print(
+            f"{r.schedule:<{width}} {r.config.num_segments:>2} {r.config.partition:<15} "
+            f"{r.segment_flops_imbalance:>14.4f} {r.makespan:>9.3f} {r.bubble_fraction:>7.4f}  "
+            f"{list(r.segment_lengths)}"
+        )
+    print(PLANS_LEGEND)
 
 
 def print_paper(records: list[dict]) -> None:

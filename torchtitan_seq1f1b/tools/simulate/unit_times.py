@@ -5,29 +5,28 @@
 
 Times are in forwards of one whole microbatch over one rank's share of the
 model (``L/p`` blocks, the LM head spread over all stages); backward = 2 x
-forward. docs/simulator.md, "Timeline model", says why.
+forward. Attention is causal, or document-masked under packed documents
+(``SimConfig.documents``). docs/simulator.md, "Timeline model", says why.
 """
 
 from collections.abc import Callable
 
 from torchtitan_seq1f1b.actions import SegmentAction
-from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+from torchtitan_seq1f1b.segmenting import PackedDocumentsCost, SegmentPlan, TransformerCost
 from torchtitan_seq1f1b.tools.simulate.config import SimConfig
 
 __all__ = ["action_duration", "unit_times"]
 
 
-def _weight_grad_flops(cost: TransformerCost, length: int, end: int) -> float:
+def _weight_grad_flops(
+    cost: TransformerCost | PackedDocumentsCost, length: int, end: int
+) -> float:
     """FLOPs of the weight gradients of tokens ``[end - length, end)``.
 
     A matmul's weight gradient costs as much as its forward, so this is the
-    forward minus attention's QK^T and AV, which have no weights. In
-    ``forward_flops(s, end) = a s^2 + b s`` only attention depends on how
-    many keys a query sees, at ``-2a`` FLOPs per (query, key) pair.
+    forward minus attention's QK^T and AV, which have no weights.
     """
-    a, _ = cost.flops_coefficients(end)
-    keys_attended = length * end - length * (length - 1) // 2
-    return cost.forward_flops(length, end) + 2 * a * keys_attended
+    return cost.forward_flops(length, end) - cost.attention_flops(length, end)
 
 
 def unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
@@ -36,7 +35,7 @@ def unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
     Returns:
         ``{kind: [time of segment j for j in range(k)]}``.
     """
-    cost = config.model
+    cost = config.segment_cost
     whole = cost.forward_flops(plan.seq_len, plan.seq_len)
     forward = [f / whole for f in plan.segment_flops(cost)]
     if config.backward_split == "equal":
