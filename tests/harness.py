@@ -223,9 +223,9 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
     forward until the backward of its segment 0 has run,
 
     - K and V from the first position a later segment reads back (0 for
-      causal attention; with packed documents, the start of the document at
-      a later segment's start, when that document began before it) to the
-      end of the sequence, two (microbatch_size, ., n_kv_heads, head_dim)
+      causal attention, whatever k; with packed documents, the start of the
+      document at a later segment's start, when that document began before
+      it) to the end of the sequence, two (microbatch_size, ., n_kv_heads, head_dim)
       tensors in the model's dtype;
     - from the first backward of a segment that reads back (whose prefix
       gradients must wait for earlier segments): dK and dV from that same
@@ -246,7 +246,12 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
         _reads_back(None if ids is None else ids[i * rows : (i + 1) * rows], plan)
         for i in range(case.n_microbatches)
     ]
-    low = [min((r for r in mb if r is not None), default=plan.seq_len) for mb in reads]
+    # Causal attention keeps everything (a one-segment plan too: attention saves
+    # views of the store instead of its own K/V).
+    low = [
+        0 if ids is None else min((r for r in mb if r is not None), default=plan.seq_len)
+        for mb in reads
+    ]
     kv_bytes = [2 * n_layers * per_token * (plan.seq_len - lo) * case.dtype.itemsize for lo in low]
     bank_bytes = [
         2 * n_layers * per_token * max(plan.offsets[-1] - lo, 0) * grad_dtype.itemsize

@@ -249,7 +249,7 @@ class RunningUnit:
 
     @property
     def keep_from(self) -> int:
-        """First position a later segment of the microbatch reads back (``seq_len``: none)."""
-        if self.documents is not None:
-            return self.documents.keep_from
-        return 0 if self.plan.num_segments > 1 else self.plan.seq_len
+        """First position the store keeps: 0 for causal attention (with one segment too,
+        whose attention then saves views of the store, as much as unsplit attention
+        saves), else the first key a later segment reads back (``seq_len``: none)."""
+        return 0 if self.documents is None else self.documents.keep_from
