@@ -29,6 +29,7 @@ __all__ = [
     "attention_pairs",
     "check_document_ids",
     "document_starts",
+    "keys_per_query",
 ]
 
 
@@ -57,6 +58,19 @@ def document_starts(ids: torch.Tensor) -> torch.Tensor:
     starts = torch.ones_like(ids, dtype=torch.bool)
     starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
     return torch.where(starts, positions, torch.zeros_like(positions)).cummax(dim=1).values
+
+
+def keys_per_query(ids: torch.Tensor) -> torch.Tensor:
+    """(batch, seq_len) ids -> (batch, seq_len) int64: the keys each query sees, ``t - doc_start(t) + 1``.
+
+    Raises ValueError for ids :func:`check_document_ids` refuses.
+    """
+    batch = ids.shape[0] if ids.dim() == 2 else -1
+    error = check_document_ids(ids, batch, ids.shape[-1])
+    if error is not None:
+        raise ValueError(error)
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    return positions - document_starts(ids) + 1
 
 
 def attention_pairs(ids: torch.Tensor, start: int, end: int) -> int:

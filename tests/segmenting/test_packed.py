@@ -12,7 +12,7 @@ from torchtitan_seq1f1b.segmenting import (
     SegmentPlan,
     TransformerCost,
 )
-from torchtitan_seq1f1b.segmenting.packed import keys_per_query
+from torchtitan_seq1f1b.documents import keys_per_query
 from torchtitan_seq1f1b.tools.documents import sample_document_ids
 
 LLAMA3_8B = TransformerCost(
@@ -49,9 +49,9 @@ def test_keys_per_query_is_a_direct_count_of_the_document_mask():
             assert keys[r, t] == allowed
 
 
-def test_from_ids_counts_masked_pairs_per_span():
+def test_from_keys_counts_masked_pairs_per_span():
     ids = random_ids(4, 64, seed=2)
-    cost = PackedDocumentsCost.from_ids(SMALL, ids)
+    cost = PackedDocumentsCost.from_keys(SMALL, keys_per_query(ids))
     per_token, per_pair = SMALL.flop_rates()
     keys = keys_per_query(ids)
     for start, end in [(0, 64), (0, 1), (10, 37), (63, 64)]:
@@ -66,7 +66,7 @@ def test_from_ids_counts_masked_pairs_per_span():
 def test_one_document_is_dense_causal(k, align):
     seq_len = 32768
     ids = torch.full((3, seq_len), 5)
-    cost = PackedDocumentsCost.from_ids(LLAMA3_8B, ids)
+    cost = PackedDocumentsCost.from_keys(LLAMA3_8B, keys_per_query(ids))
     for length, end in [(1, 1), (6215, 32768), (777, 1000), (32768, 32768)]:
         assert cost.forward_flops(length, end) == LLAMA3_8B.forward_flops(length, end)
     expected = SegmentPlan.balanced(seq_len, k, LLAMA3_8B, align)
@@ -96,7 +96,9 @@ def test_flops_sum_exactly_over_any_split(documents):
     seq_len = 8192
     costs = [
         PackedDocumentsCost.expected(LLAMA3_8B, documents, seq_len),
-        PackedDocumentsCost.from_ids(LLAMA3_8B, sample_document_ids(documents, 3, seq_len)),
+        PackedDocumentsCost.from_keys(
+            LLAMA3_8B, keys_per_query(sample_document_ids(documents, 3, seq_len))
+        ),
     ]
     rng = random.Random(0)
     for cost in costs:
@@ -136,8 +138,8 @@ def test_expected_cost_matches_sampled_windows():
     documents = DocumentLengths.lognormal(256)
     seq_len = 2048
     expected = PackedDocumentsCost.expected(SMALL, documents, seq_len)
-    sampled = PackedDocumentsCost.from_ids(
-        SMALL, sample_document_ids(documents, 2000, seq_len, seed=3)
+    sampled = PackedDocumentsCost.from_keys(
+        SMALL, keys_per_query(sample_document_ids(documents, 2000, seq_len, seed=3))
     )
     for start, end in [(0, 256), (256, 1024), (1024, 2048)]:
         assert sampled.attention_flops(end - start, end) == pytest.approx(
@@ -177,10 +179,10 @@ def test_lognormal_is_deterministic_with_the_given_mean():
         (lambda: keys_per_query(torch.zeros(3, dtype=torch.long)), "(batch, seq_len)"),
         (lambda: PackedDocumentsCost(SMALL, (1, 2)), "starting at 0"),
         (lambda: PackedDocumentsCost(SMALL, (0, 5, 3)), "non-decreasing"),
-        (lambda: PackedDocumentsCost.from_ids(SMALL, torch.zeros(1, 8, dtype=torch.long))
+        (lambda: PackedDocumentsCost.from_keys(SMALL, keys_per_query(torch.zeros(1, 8, dtype=torch.long)))
          .forward_flops(4, 9), "past this cost's seq_len=8"),
         (lambda: SegmentPlan.balanced(
-            16, 2, PackedDocumentsCost.from_ids(SMALL, torch.zeros(1, 8, dtype=torch.long))),
+            16, 2, PackedDocumentsCost.from_keys(SMALL, keys_per_query(torch.zeros(1, 8, dtype=torch.long)))),
          "built for seq_len=8"),
     ],
 )

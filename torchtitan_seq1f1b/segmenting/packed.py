@@ -24,7 +24,7 @@ from torchtitan_seq1f1b.segmenting.cost import check_span, is_int, TransformerCo
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DocumentLengths", "PackedDocumentsCost", "keys_per_query"]
+__all__ = ["DocumentLengths", "PackedDocumentsCost"]
 
 
 @dataclass(frozen=True)
@@ -151,25 +151,6 @@ class DocumentLengths:
         return keys
 
 
-def keys_per_query(ids: torch.Tensor) -> torch.Tensor:
-    """``keys(t)`` of every query: ``t - doc_start(t) + 1``, shape (batch, seq_len), int64.
-
-    Args:
-        ids: document ids (batch, seq_len), integer, non-decreasing along each row.
-    """
-    # Imported here, not at the top: plans and costs import without torch.
-    import torch
-
-    from torchtitan_seq1f1b.documents import check_document_ids, document_starts
-
-    batch = ids.shape[0] if ids.dim() == 2 else -1
-    error = check_document_ids(ids, batch, ids.shape[-1])
-    if error is not None:
-        raise ValueError(error)
-    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-    return positions - document_starts(ids) + 1
-
-
 @dataclass(frozen=True)
 class PackedDocumentsCost:
     """Forward FLOPs of a segment whose queries see only their own document.
@@ -177,7 +158,7 @@ class PackedDocumentsCost:
     ``forward_flops(length, end)`` counts a ``model``'s projections, MLP and
     LM head for each token and attention for each (query, key) pair the
     document mask allows, from a prefix sum: O(1) per call. Build it with
-    :meth:`expected` (a length distribution) or :meth:`from_ids` (actual ids,
+    :meth:`expected` (a length distribution) or :meth:`from_keys` (actual ids,
     averaged over rows). With one document per row it equals ``model``'s causal
     cost exactly.
 
@@ -213,10 +194,15 @@ class PackedDocumentsCost:
         return cls(model, prefix)
 
     @classmethod
-    def from_ids(cls, model: TransformerCost, ids: torch.Tensor) -> PackedDocumentsCost:
-        """Mean cost over the rows of document ids ``ids`` (batch, seq_len)."""
-        pairs = keys_per_query(ids).sum(dim=0).cumsum(dim=0).tolist()
-        rate, rows = model.flop_rates()[1], ids.shape[0]
+    def from_keys(cls, model: TransformerCost, keys: torch.Tensor) -> PackedDocumentsCost:
+        """Mean cost over rows of measured documents.
+
+        keys: (rows, seq_len) integers, the keys each query sees under the
+            document mask: :func:`torchtitan_seq1f1b.documents.keys_per_query`
+            of the rows' document ids.
+        """
+        pairs = keys.sum(dim=0).cumsum(dim=0).tolist()
+        rate, rows = model.flop_rates()[1], keys.shape[0]
         return cls(model, (0, *((rate * p + rows // 2) // rows for p in pairs)))
 
     @property

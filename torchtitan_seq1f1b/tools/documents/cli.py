@@ -14,6 +14,7 @@ the whole-sequence store.
 import argparse
 from collections.abc import Sequence
 
+from torchtitan_seq1f1b.documents import keys_per_query
 from torchtitan_seq1f1b.segmenting import PackedDocumentsCost, SegmentPlan
 from torchtitan_seq1f1b.tools.documents.measure import (
     attention_pairs_per_segment,
@@ -65,7 +66,7 @@ def _plans(args, cost: PackedDocumentsCost, k: int) -> dict[str, SegmentPlan]:
 
 
 def _flops_table(args, ids, cost: PackedDocumentsCost) -> None:
-    measured = PackedDocumentsCost.from_ids(cost.model, ids)
+    measured = PackedDocumentsCost.from_keys(cost.model, keys_per_query(ids))
     whole = measured.forward_flops(args.seq_len, args.seq_len)
     dense = cost.model.forward_flops(args.seq_len, args.seq_len)
     print(f"\nAttention pairs with the document mask / dense causal prefix, {ids.shape[0]} "
