@@ -17,6 +17,7 @@ segment of the microbatch reads need not be kept for the next segments
 (:attr:`MicrobatchDocuments.keep_from`).
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -193,7 +194,7 @@ class MicrobatchDocuments:
             )
         return self._segments[j]
 
-    @property
+    @functools.cached_property
     def keep_from(self) -> int:
         """First position a later segment reads back from the K/V store.
 
