@@ -7,26 +7,34 @@ Seq1F1B rides on torch's pipeline runtime (action IR, lowering passes, stage
 send/receive machinery). Those pieces are private, so they are imported here
 and nowhere else, and the torch versions they were tested against are pinned:
 
+- :mod:`.stage_hooks`: the stage attributes that every tested torch shares
+  (per-chunk receive metadata, compute entry points, validation flag);
 - one runtime module per torch whose private runtime differs
-  (:mod:`.pipelining_2_13` for 2.13 and 2.14), re-exported from here for the
-  installed torch;
+  (:mod:`.pipelining_2_13` for 2.13 and 2.14, :mod:`.pipelining_2_15`),
+  re-exported from here for the installed torch;
 - :mod:`.introspection`: hooks the benchmark and the simulator use to time
   torch's p2p waits and read torch's own schedule orders. Training never
   imports it.
 """
 
 import os
+from importlib import import_module
 
 import torch
 
 # Inclusive lower bound, exclusive upper bound (major, minor).
-TESTED_TORCH_RANGE = ((2, 13), (2, 14))
+TESTED_TORCH_RANGE = ((2, 13), (2, 16))
 ALLOW_UNTESTED_ENV = "SEQ1F1B_ALLOW_UNTESTED_TORCH"
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    return major, minor
 
 
 def check_torch_version(version: str = torch.__version__) -> None:
     """Fail early and clearly on a torch whose pipelining internals were not tested."""
-    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    major, minor = _release(version)
     low, high = TESTED_TORCH_RANGE
     if low <= (major, minor) < high or os.environ.get(ALLOW_UNTESTED_ENV) == "1":
         return
@@ -41,13 +49,20 @@ def check_torch_version(version: str = torch.__version__) -> None:
 
 check_torch_version()
 
-from torchtitan_seq1f1b._torch_compat.pipelining_2_13 import (  # noqa: E402
-    _Action,
-    _add_send_recv,
-    _ComputationType,
-    _PipelineScheduleRuntime,
-    _simulate_comms_compute,
-    lower_forward_only,
+# An untested newer torch (allowed by the environment variable) gets the newest
+# runtime module, an older one the oldest.
+_RUNTIME = "pipelining_2_15" if _release(torch.__version__) >= (2, 15) else "pipelining_2_13"
+_runtime = import_module(f"{__name__}.{_RUNTIME}")
+_Action = _runtime._Action
+_add_send_recv = _runtime._add_send_recv
+_ComputationType = _runtime._ComputationType
+_PipelineScheduleRuntime = _runtime._PipelineScheduleRuntime
+_simulate_comms_compute = _runtime._simulate_comms_compute
+lower_forward_only = _runtime.lower_forward_only
+set_finalize_gradients = _runtime.set_finalize_gradients
+stage_outputs = _runtime.stage_outputs
+
+from torchtitan_seq1f1b._torch_compat.stage_hooks import (  # noqa: E402
     resize_recv_buffers,
     runtime_validation_disabled,
     wrap_stage_compute,
@@ -65,5 +80,7 @@ __all__ = [
     "lower_forward_only",
     "resize_recv_buffers",
     "runtime_validation_disabled",
+    "set_finalize_gradients",
+    "stage_outputs",
     "wrap_stage_compute",
 ]

@@ -14,10 +14,12 @@ import dataclasses
 import time
 from collections.abc import Iterator
 
+import torch
+import torch.distributed as dist
 import torch.distributed.pipelining.schedules as _schedules
 from torch.distributed.pipelining.schedules import _Action, get_schedule_class
 
-__all__ = ["P2PWaitTime", "timed_p2p_waits", "torch_schedule_order"]
+__all__ = ["P2PWaitTime", "recorded_p2p_receives", "timed_p2p_waits", "torch_schedule_order"]
 
 
 @dataclasses.dataclass
@@ -57,6 +59,30 @@ def timed_p2p_waits() -> Iterator[P2PWaitTime]:
     finally:
         _schedules._wait_batch_p2p = original
 
+
+
+@contextlib.contextmanager
+def recorded_p2p_receives() -> Iterator[list[torch.Size]]:
+    """The shape of every buffer torch's pipeline runtime posts a receive into.
+
+    Every pipeline send and receive of torch 2.13-2.15 is issued through
+    ``schedules._batch_p2p``, a module global looked up at call time; the
+    receive buffer of each ``irecv`` in a batch is the tensor the peer's
+    message lands in, whether the runtime allocated it up front (2.13/2.14) or
+    just before the receive (2.15).
+    """
+    original = _schedules._batch_p2p
+    shapes: list[torch.Size] = []
+
+    def recording_batch_p2p(p2p_ops, *args, **kwargs):
+        shapes.extend(op.tensor.shape for op in p2p_ops if op.op is dist.irecv)
+        return original(p2p_ops, *args, **kwargs)
+
+    _schedules._batch_p2p = recording_batch_p2p
+    try:
+        yield shapes
+    finally:
+        _schedules._batch_p2p = original
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,18 +3,14 @@
 
 """The private pipelining runtime of torch 2.13 and 2.14, as Seq1F1B's schedules use it.
 
-Action IR, lowering passes and the stage's send/receive and compute entry
-points, as these versions define them. A torch whose runtime differs gets a
-module of its own beside this one; :mod:`torchtitan_seq1f1b._torch_compat`
-picks the module for the installed torch.
+Action IR, lowering passes, a stage's cached forward outputs and gradient
+finalisation, as these versions define them. torch 2.14 only added pre-split
+``arg_mbs``/``kwarg_mbs``/``target_mbs`` to ``step()``/``eval()``, which
+:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1B` takes on every version.
 """
 
-import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-import torch
-from torch.distributed.pipelining._utils import _DTensorMeta, _TensorMeta
 from torch.distributed.pipelining.schedules import (
     _Action,
     _add_send_recv,
@@ -25,8 +21,6 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from torchtitan_seq1f1b.segmenting import scaled_seq_len
-
 __all__ = [
     "_Action",
     "_add_send_recv",
@@ -34,125 +28,13 @@ __all__ = [
     "_PipelineScheduleRuntime",
     "_simulate_comms_compute",
     "lower_forward_only",
-    "resize_recv_buffers",
-    "runtime_validation_disabled",
-    "wrap_stage_compute",
+    "set_finalize_gradients",
+    "stage_outputs",
 ]
 
 
-
-def _contiguous_stride(shape) -> tuple[int, ...]:
-    return torch.empty(shape, device="meta").stride()
-
-
-def _with_seq_len(
-    meta: _TensorMeta, seq_dim: int, seq_len: int, local_len: int
-) -> _TensorMeta:
-    """The metadata of the same activation for a segment of ``seq_len`` tokens."""
-    if tuple(meta.stride) != _contiguous_stride(meta.shape):
-        raise ValueError(
-            f"Seq1F1B needs contiguous stage activations; got stride {meta.stride} "
-            f"for shape {tuple(meta.shape)}. Make the stage output contiguous."
-        )
-    shape = list(meta.shape)
-    shape[seq_dim] = local_len
-    changes = {"shape": torch.Size(shape), "stride": _contiguous_stride(shape)}
-    if isinstance(meta, _DTensorMeta):
-        global_shape = list(meta.global_shape)
-        global_shape[seq_dim] = seq_len
-        changes["global_shape"] = torch.Size(global_shape)
-        changes["global_stride"] = _contiguous_stride(global_shape)
-    return dataclasses.replace(meta, **changes)
-
-
-def _resize(
-    recv_infos, reference_infos, reference_tokens: int, seq_dim: int, seq_len: int, device
-) -> None:
-    for info, reference in zip(recv_infos, reference_infos):
-        if info.is_root_arg or info.buffer is None:
-            continue
-        if info.buffer.dim() <= seq_dim:
-            raise ValueError(
-                f"Seq1F1B splits stage activations on dim {seq_dim}, but "
-                f"'{info.input_name}' has shape {tuple(info.buffer.shape)}. "
-                "Pass seq_dim matching the model's activations."
-            )
-        local_len = scaled_seq_len(
-            reference.buffer.shape[seq_dim], reference_tokens, seq_len
-        )
-        if info.buffer.shape[seq_dim] == local_len:
-            continue
-        meta = _with_seq_len(info.tensor_meta, seq_dim, seq_len, local_len)
-        info.tensor_meta = meta
-        info.buffer = torch.empty_strided(
-            meta.shape, meta.stride, dtype=meta.dtype, device=device
-        )
-
-
-def resize_recv_buffers(
-    stage: _PipelineStageBase, chunk_seq_lens: Sequence[int], seq_dim: int
-) -> None:
-    """Give every chunk its own receive buffers sized for its segment.
-
-    torch infers one activation shape per stage (from chunk 0) and allocates
-    every chunk's buffers with it. Segments differ in length, and a short
-    message into a long buffer is accepted silently by gloo (and hangs NCCL),
-    so each chunk's activation and gradient buffers are resized here, keeping
-    chunk 0's ratio of local entries to tokens (sequence parallel shards).
-    """
-    for recv in (stage.args_recv_info, stage.grad_recv_info):
-        if 0 not in recv:
-            continue
-        for chunk_id, seq_len in enumerate(chunk_seq_lens):
-            if chunk_id in recv:
-                _resize(
-                    recv[chunk_id], recv[0], chunk_seq_lens[0], seq_dim, seq_len, stage.device
-                )
-
-
-UnitScope = Callable[[_PipelineStageBase, int, str], contextlib.AbstractContextManager]
-
-
-def wrap_stage_compute(stage: _PipelineStageBase, scope: UnitScope) -> None:
-    """Run every compute call of ``stage`` inside ``scope(stage, chunk_id, kind)``.
-
-    Every schedule path ends in the stage's ``forward_one_chunk`` /
-    ``backward_one_chunk`` / ``backward_weight_one_chunk``; wrapping them is
-    the one place where the running (microbatch, segment) unit is known for
-    forwards, backwards, weight-gradient steps and activation-checkpoint
-    recomputation alike. ``kind`` is "F", "B" (full backward), "I" or "W".
-    Re-wrapping a stage only replaces the scope.
-    """
-    if getattr(stage, "_seq1f1b_scope", None) is None:
-        forward = stage.forward_one_chunk
-        backward = stage.backward_one_chunk
-        backward_weight = stage.backward_weight_one_chunk
-
-        def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
-            with stage._seq1f1b_scope(stage, fwd_chunk_id, "F"):
-                return forward(fwd_chunk_id, *args, **kwargs)
-
-        def backward_one_chunk(bwd_chunk_id, *args, full_backward=True, **kwargs):
-            kind = "B" if full_backward else "I"
-            with stage._seq1f1b_scope(stage, bwd_chunk_id, kind):
-                return backward(
-                    bwd_chunk_id, *args, full_backward=full_backward, **kwargs
-                )
-
-        def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
-            with stage._seq1f1b_scope(stage, bwd_chunk_id, "W"):
-                return backward_weight(bwd_chunk_id, *args, **kwargs)
-
-        stage.forward_one_chunk = forward_one_chunk
-        stage.backward_one_chunk = backward_one_chunk
-        stage.backward_weight_one_chunk = backward_weight_one_chunk
-    stage._seq1f1b_scope = scope
-
-
 def lower_forward_only(
-    compute: dict[int, list[_Action]],
-    stage_to_rank: Callable[[int], int],
-    num_stages: int,
+    schedule: _PipelineScheduleRuntime, compute: dict[int, list[_Action]]
 ) -> dict[int, list[_Action]]:
     """torch's lowering (FSDP unshard/reshard, sends, receives) of a forward-only order.
 
@@ -161,19 +43,21 @@ def lower_forward_only(
     directly.
     """
     with_unshard = {rank: _add_unshard_reshard(actions) for rank, actions in compute.items()}
-    return _add_send_recv(with_unshard, stage_to_rank, num_stages)
+    return _add_send_recv(
+        with_unshard, lambda s: schedule.stage_index_to_group_rank[s], schedule._num_stages
+    )
 
 
-@contextlib.contextmanager
-def runtime_validation_disabled(stage: _PipelineStageBase) -> Iterator[None]:
-    """Turn off torch's per-chunk tensor validation (TORCH_DISTRIBUTED_DEBUG=DETAIL).
+def stage_outputs(stage: _PipelineStageBase, chunk_id: int) -> tuple[Any, ...]:
+    """The outputs ``stage`` computed for ``chunk_id``, before they are sent."""
+    outputs, _ = stage.fwd_cache[chunk_id]
+    return outputs
 
-    It compares every chunk against the single shape inferred from chunk 0,
-    which uneven segments never match; Seq1F1B validates segment shapes itself.
-    """
-    saved = stage._runtime_validate
-    stage._runtime_validate = False
-    try:
-        yield
-    finally:
-        stage._runtime_validate = saved
+
+def set_finalize_gradients(schedule: _PipelineScheduleRuntime, finalize: bool) -> None:
+    """Whether this step reduces FSDP gradients at its end; always, before torch 2.15."""
+    if not finalize:
+        raise ValueError(
+            "step(finalize_gradients=False) needs torch >= 2.15; this torch reduces "
+            "FSDP gradients at the end of every step"
+        )

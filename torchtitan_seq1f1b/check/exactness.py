@@ -25,6 +25,7 @@ from torchtitan_seq1f1b import (
     SegmentAwareAttention,
     SegmentPlan,
 )
+from torchtitan_seq1f1b._torch_compat.introspection import recorded_p2p_receives
 from torchtitan_seq1f1b.attention import AttentionBackend
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.examples.tiny_transformer import (
@@ -208,7 +209,7 @@ def pipelined(
     documents = {"document_ids": case.document_ids(device)}  # on every rank
     has_last = indices[-1] == num_stages - 1
     losses: list = []
-    with backward_on_fresh_thread(case.device_thread):
+    with backward_on_fresh_thread(case.device_thread), recorded_p2p_receives() as received:
         schedule.step(*inputs, target=target if has_last else None, losses=losses, **documents)
     stores = [schedule.kv_stores[i] for i in indices]
     result = {
@@ -217,13 +218,8 @@ def pipelined(
         "kv_left_after_step": sum(len(store) for store in stores),
         "kv_peak_bytes": {i: store.peak_bytes for i, store in zip(indices, stores)},
         "segment_order": schedule.segment_order,
-        # Sequence length of every chunk's activation and gradient receive buffer.
-        "recv_lens": [
-            [info.buffer.shape[1] for info in infos if info.buffer is not None]
-            for stage in stages
-            for recv in (stage.args_recv_info, stage.grad_recv_info)
-            for infos in (recv[chunk] for chunk in sorted(recv))
-        ],
+        # Sequence length of every buffer an activation or gradient was received into.
+        "recv_lens": [shape[1] for shape in received],
     }
     with torch.no_grad():
         logits = schedule.eval(*inputs, target=target if has_last else None, **documents)

@@ -22,20 +22,22 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks, TensorChunkSpec
+from torch.distributed.pipelining.microbatch import TensorChunkSpec
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b._torch_compat import (
     _PipelineScheduleRuntime,
     lower_forward_only,
     resize_recv_buffers,
+    set_finalize_gradients,
     wrap_stage_compute,
 )
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.attention import bind_attention
-from torchtitan_seq1f1b.documents import check_document_ids, MicrobatchDocuments
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
+from torchtitan_seq1f1b.schedule.microbatch_inputs import split_microbatches
 from torchtitan_seq1f1b.schedule.rank_errors import raise_on_any_rank
 from torchtitan_seq1f1b.schedule.segment_inputs import SegmentSplitter
 from torchtitan_seq1f1b.schedule.stage_layout import check_one_stage_per_rank, check_plan
@@ -149,9 +151,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             for rank, actions in self.segment_order.items()
         }
         self._eval_order_with_comms = lower_forward_only(
-            lower_order(forwards_only, self.num_segments),
-            self._stage_to_rank,
-            self._num_stages,
+            self, lower_order(forwards_only, self.num_segments)
         )
 
     @staticmethod
@@ -206,22 +206,38 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         losses: list | None = None,
         return_outputs: bool = True,
         loss_kwargs: dict[str, Any] | None = None,
+        arg_mbs: list[tuple] | None = None,
+        kwarg_mbs: list[dict] | None = None,
+        target_mbs: list | None = None,
+        finalize_gradients: bool = True,
         **kwargs,
     ):
-        """One pipeline step over whole-batch inputs; see the class docstring."""
+        """One pipeline step over whole-batch or pre-split inputs; see the class docstring.
+
+        ``arg_mbs``/``kwarg_mbs``/``target_mbs`` take microbatches the caller
+        already split (one entry per real microbatch, as torch 2.14+'s
+        schedules take them); ``finalize_gradients=False`` (torch 2.15+)
+        leaves FSDP gradients unreduced for a later step.
+        """
         if self._has_backward and not torch.is_grad_enabled():
             raise RuntimeError(
                 "step() runs backward and cannot be used under torch.no_grad(); "
                 "call eval() instead"
             )
-        document_ids = (
-            kwargs.pop(self._document_ids_kwarg, None) if self._document_ids_kwarg else None
+        set_finalize_gradients(self, finalize_gradients)
+        inputs = split_microbatches(
+            self._splitter,
+            self.n_real_microbatches,
+            args,
+            kwargs,
+            target,
+            arg_mbs,
+            kwarg_mbs,
+            target_mbs,
+            (self._args_chunk_spec, self._kwargs_chunk_spec),
+            self._document_ids_kwarg,
         )
-        raise_on_any_rank(
-            self._stages[0],
-            self._splitter.input_error(args, target)
-            or self._document_ids_error(document_ids, args, target),
-        )
+        raise_on_any_rank(self._stages[0], inputs if isinstance(inputs, str) else None)
         self.pipeline_order_with_comms = (
             self._train_order_with_comms if self._has_backward else self._eval_order_with_comms
         )
@@ -234,31 +250,19 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             # Every step, so attention wrapped after construction is bound too.
             bind_attention(stage.submod, store)
 
-        m = self.n_real_microbatches
-        args_mbs, kwargs_mbs = (
-            split_args_kwargs_into_chunks(
-                args, kwargs, m, self._args_chunk_spec, self._kwargs_chunk_spec
-            )
-            if args or kwargs
-            else ([()] * m, [{}] * m)
-        )
         self._unit_scope.documents = (
             None
-            if document_ids is None
-            else [
-                MicrobatchDocuments(mb[0], self.segment_plan)
-                for mb in split_args_kwargs_into_chunks((document_ids,), None, m)[0]
-            ]
+            if inputs.document_ids is None
+            else [MicrobatchDocuments(ids, self.segment_plan) for ids in inputs.document_ids]
         )
         split, device = self._splitter, self._stages[0].device
-        arg_units = [u for mb in args_mbs for u in split.split_args(mb)]
-        kwarg_units = [u for mb in kwargs_mbs for u in split.split_kwargs(mb, device)]
+        arg_units = [u for mb in inputs.args for u in split.split_args(mb)]
+        kwarg_units = [u for mb in inputs.kwargs for u in split.split_kwargs(mb, device)]
         target_units = None
         self._segment_loss_sums = []
-        if target is not None:
-            self._step_normalizer = self._normalizer_for(target)
-            target_mbs, _ = split_args_kwargs_into_chunks((target,), None, m)
-            target_units = [u[0] for mb in target_mbs for u in split.split_args(mb)]
+        if inputs.targets is not None:
+            self._step_normalizer = self._normalizer_for(inputs.targets)
+            target_units = [u[0] for mb in inputs.targets for u in split.split_args((mb,))]
 
         self._step_microbatches(
             arg_units, kwarg_units, target_units, losses, return_outputs, loss_kwargs
@@ -268,27 +272,10 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
                 return split.merge_outputs(stage.output_chunks, self._output_merge_spec)
         return None
 
-    def _document_ids_error(self, ids: Any, args: tuple, target: Any) -> str | None:
-        """Why this rank's document ids do not fit the step, if they do not."""
-        if ids is None:
-            return None
-        name = self._document_ids_kwarg
-        batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else -1
-        error = check_document_ids(ids, batch, self.segment_plan.seq_len)
-        if error is None:
-            others = [t for t in (*args, target) if isinstance(t, torch.Tensor)]
-            if any(t.shape[0] != batch for t in others):
-                error = (
-                    f"document ids have {batch} rows but the inputs/targets have "
-                    f"{[t.shape[0] for t in others]}; pass one row of ids per sample"
-                )
-            elif batch < self.n_real_microbatches:
-                error = f"{batch} rows cannot fill {self.n_real_microbatches} microbatches"
-        return None if error is None else f"{name}: {error}"
-
-    def _normalizer_for(self, target: torch.Tensor) -> float | torch.Tensor:
+    def _normalizer_for(self, targets: list[torch.Tensor]) -> float | torch.Tensor:
         if self.loss_normalizer is not None:
             return self.loss_normalizer
         if self._normalize_loss:
-            return float(max(int((target != self._ignore_index).sum()), 1))
+            valid = sum(int((t != self._ignore_index).sum()) for t in targets)
+            return float(max(valid, 1))
         return 1.0

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from torchtitan_seq1f1b._torch_compat import runtime_validation_disabled
+from torchtitan_seq1f1b._torch_compat import runtime_validation_disabled, stage_outputs
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
@@ -75,7 +75,7 @@ class UnitComputeScope:
         tensors under sequence parallel), so a stage that changes it would
         corrupt the next stage's input.
         """
-        outputs, _ = stage.fwd_cache[chunk_id]
+        outputs = stage_outputs(stage, chunk_id)
         lens = [o.shape[self.seq_dim] for o in outputs if isinstance(o, torch.Tensor)]
         if chunk_id == 0:
             self._reference_output_lens[stage.stage_index] = lens
