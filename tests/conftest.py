@@ -25,3 +25,23 @@ def pytest_runtest_makereport(item, call):
             return
         report.outcome = "failed"
         report.longrepr = f"gpu test skipped on a machine with CUDA: {reason}"
+
+
+# The smoke subset (``-m smoke``) for a torch that gets no full run (2.14): per test
+# file, the parametrisations that run. It covers the float64 grids on an even and an
+# uneven plan with every checkpointing mode, each variant, packed documents, eval,
+# pre-split inputs and torch's own 1F1B order.
+SMOKE = {
+    "tests/schedule/test_exactness.py": ("pp2-m2-",),
+    "tests/schedule/test_variants_exactness.py": ("-pp2]",),
+    "tests/schedule/test_documents_exactness.py": ("[Seq1F1B-",),
+    "tests/schedule/test_presplit_inputs.py": ("",),
+    "tests/orders/test_orders.py": ("test_one_segment_is_torch_1f1b",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if any(part in item.nodeid for part in SMOKE.get(path, ())):
+            item.add_marker(pytest.mark.smoke)
