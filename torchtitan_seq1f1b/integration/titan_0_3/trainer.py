@@ -1,0 +1,52 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan 0.3's ``Trainer`` with a ``seq1f1b`` config section.
+
+torchtitan 0.3 needs no trainer patch for Seq1F1B: it hands pipeline
+schedules the global valid-token count through ``loss_kwargs``, and it calls
+``ModelSpec.pipelining_fn`` with keyword arguments but without the config,
+so the subclass binds the ``seq1f1b`` options into the pipelining function.
+Before the base trainer initialises anything, every rank checks the config
+(:func:`~.config_checks.check_config`). On a machine without an accelerator
+the unpipelined model's attention becomes the segment-aware one too
+(torchtitan's flex and varlen attention cannot train on CPU), so a
+non-pipelined run computes the same math as a Seq1F1B one.
+"""
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+
+from torchtitan.tools import utils
+from torchtitan.trainer import Trainer
+
+from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
+from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
+from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
+
+__all__ = ["Seq1F1BTrainer"]
+
+
+class Seq1F1BTrainer(Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        seq1f1b: Seq1F1BSection = field(default_factory=Seq1F1BSection)
+        """Seq1F1B's options; every one is a flag (``--seq1f1b.num_segments 2``)."""
+
+    def __init__(self, config: Config):
+        check_config(config)
+        spec = config.model_spec
+        options = config.seq1f1b
+        parallelize_fn = spec.parallelize_fn
+        if utils.device_type == "cpu":
+            parallelize_fn = parallelize_with_document_ids(
+                parallelize_fn, options.attention_backend
+            )
+        config.model_spec = dataclasses.replace(
+            spec,
+            pipelining_fn=functools.partial(pipeline_llm_seq1f1b, options=options),
+            parallelize_fn=parallelize_fn,
+        )
+        super().__init__(config)
