@@ -79,6 +79,17 @@ def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
     ) in seq1f1b.output
     assert f"over {stages} stages on 2 ranks" in seq1f1b.output
     assert_same_training(seq1f1b, unpipelined)
+    lengths = [seq1f1b.scalars(f"seq1f1b/segment_len/{j}")[1] for j in range(segments)]
+    assert sum(lengths) == 128
+    assert seq1f1b.scalars("seq1f1b/kv_store_peak_bytes")[1] > 0
+    bubble = seq1f1b.scalars("seq1f1b/bubble_estimate")[1]
+    p, m = 2, 2
+    if schedule == "Seq1F1B":
+        assert bubble == pytest.approx((p - 1) / (m * segments + p - 1))
+    elif schedule == "InterleavedSeq1F1B":
+        assert bubble == pytest.approx((p - 1) / (2 * m * segments + p - 1))
+    else:
+        assert 0 < bubble < (p - 1) / (m * segments + p - 1)
 
 
 def test_fsdp_pp_matches_unpipelined(run, unpipelined):

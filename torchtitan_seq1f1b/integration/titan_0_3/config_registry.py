@@ -12,7 +12,6 @@ is the non-pipelined reference, ``--seq1f1b.num_segments 2`` another plan.
 
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
-from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -20,6 +19,7 @@ from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.llama3 import model_registry
 
 from torchtitan_seq1f1b.data import TOKENIZER_DIR
+from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
@@ -62,7 +62,7 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
         dataloader=HuggingFaceTextDataLoader.Config(
             dataset="seq1f1b_recall", dataset_path="doc_tokens=65,words=64"
         ),
-        metrics=MetricsProcessor.Config(log_freq=5, enable_tensorboard=True),
+        metrics=Seq1F1BMetricsProcessor.Config(log_freq=5, enable_tensorboard=True),
         parallelism=ParallelismConfig(
             pipeline_parallel_degree=2,
             pipeline_parallel_schedule="1F1B",

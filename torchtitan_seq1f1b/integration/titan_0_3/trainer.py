@@ -9,9 +9,11 @@ schedules the global valid-token count through ``loss_kwargs``, and it calls
 so the subclass binds the ``seq1f1b`` options into the pipelining function.
 Before the base trainer initialises anything, every rank checks the config
 (:func:`~.config_checks.check_config`). On a machine without an accelerator
-the unpipelined model's attention becomes the segment-aware one too
-(torchtitan's flex and varlen attention cannot train on CPU), so a
-non-pipelined run computes the same math as a Seq1F1B one.
+the attention of an unpipelined model, or of one under torch's schedules,
+becomes the segment-aware one too (torchtitan's flex and varlen attention
+cannot train on CPU), so such a run computes the same math as a Seq1F1B one.
+With a :class:`~.metrics.Seq1F1BMetricsProcessor`, Seq1F1B jobs log the
+segment plan, the K/V store peak and the bubble estimate.
 """
 
 import dataclasses
@@ -21,10 +23,13 @@ from dataclasses import dataclass, field
 from torchtitan.tools import utils
 from torchtitan.trainer import Trainer
 
+from torchtitan_seq1f1b.integration.metrics import Seq1F1BFigures
 from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 
 __all__ = ["Seq1F1BTrainer"]
 
@@ -50,3 +55,8 @@ class Seq1F1BTrainer(Trainer):
             parallelize_fn=parallelize_fn,
         )
         super().__init__(config)
+        schedule = getattr(self, "pp_schedule", None)
+        if isinstance(schedule, ScheduleSeq1F1B) and isinstance(
+            self.metrics_processor, Seq1F1BMetricsProcessor
+        ):
+            self.metrics_processor.figures = Seq1F1BFigures(schedule)
