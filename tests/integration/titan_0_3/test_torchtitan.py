@@ -25,6 +25,13 @@ from tests.harness import (
 )
 
 UNPIPELINED = ("--parallelism.pipeline_parallel_degree", "1")
+# Seq1F1B evaluates (forward only) with the training plan.
+VALIDATION_ARGS = (
+    "--validator.enable",
+    "--validator.freq", "3",
+    "--validator.steps", "2",
+    "--validator.dataloader.dataset_path", "doc_tokens=41,words=64",
+)
 LAYOUTS = {
     "Seq1F1B": "1F1B",
     "InterleavedSeq1F1B": "Interleaved1F1B",
@@ -42,7 +49,7 @@ def seq1f1b_args(schedule: str) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def unpipelined(run):
-    return run(1, *UNPIPELINED, name="unpipelined")
+    return run(1, *UNPIPELINED, *VALIDATION_ARGS, name="unpipelined")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +84,11 @@ def test_torch_1f1b_matches_unpipelined(run, unpipelined):
 )
 def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
     seq1f1b = run(
-        2, *seq1f1b_args(schedule), "--seq1f1b.num_segments", str(segments), name=schedule
+        2,
+        *seq1f1b_args(schedule),
+        "--seq1f1b.num_segments", str(segments),
+        *VALIDATION_ARGS,
+        name=schedule,
     )
     assert (
         f"Using pipeline schedule {schedule} on the stage layout of {LAYOUTS[schedule]} "
@@ -85,6 +96,11 @@ def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
     ) in seq1f1b.output
     assert f"over {stages} stages on 2 ranks" in seq1f1b.output
     assert_same_training(seq1f1b, unpipelined)
+    validation = seq1f1b.scalars("validation_metrics/loss")
+    reference = unpipelined.scalars("validation_metrics/loss")
+    assert {3, 6} <= set(validation) == set(reference)
+    for step, loss in reference.items():
+        assert validation[step] == pytest.approx(loss, rel=RTOL), step
     lengths = [seq1f1b.scalars(f"seq1f1b/segment_len/{j}")[1] for j in range(segments)]
     assert sum(lengths) == 128
     assert seq1f1b.scalars("seq1f1b/kv_store_peak_bytes")[1] > 0
@@ -96,6 +112,18 @@ def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
         assert bubble == pytest.approx((p - 1) / (2 * m * segments + p - 1))
     else:
         assert 0 < bubble < (p - 1) / (m * segments + p - 1)
+
+
+@pytest.mark.parametrize(
+    "schedule,ac",
+    [("Seq1F1B", "activation_checkpoint:selective"), ("Seq1F1BZBV", "activation_checkpoint:full")],
+)
+def test_activation_checkpointing_matches_unpipelined(run, unpipelined, schedule, ac):
+    """Recompute during backward (and, for the split backward, during input- and
+    weight-gradient steps) sees the same segments and documents as the forward."""
+    seq1f1b = run(2, *seq1f1b_args(schedule), ac, name=f"{schedule}_ac")
+    assert "activation checkpointing to the model" in seq1f1b.output
+    assert_same_training(seq1f1b, unpipelined)
 
 
 def test_fsdp_pp_matches_fsdp(run, fsdp_unpipelined):

@@ -13,6 +13,7 @@ is the non-pipelined reference, ``--seq1f1b.num_segments 2`` another plan.
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
+from torchtitan.components.validate import Validator
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common.config_utils import decoder_vocab_size
@@ -73,5 +74,15 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
             enable=True, interval=100, last_save_model_only=False
         ),
         activation_checkpoint=None,
+        # --validator.enable turns it on; Seq1F1B evaluates with the training plan.
+        validator=Validator.Config(
+            freq=50,
+            steps=4,
+            dataloader=HuggingFaceTextDataLoader.Config(
+                dataset="seq1f1b_recall_validation",
+                dataset_path="doc_tokens=65,words=64",
+                infinite=False,
+            ),
+        ),
         debug=DebugConfig(seed=0),
     )
