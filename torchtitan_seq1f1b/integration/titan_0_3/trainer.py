@@ -13,17 +13,22 @@ the attention of an unpipelined model, or of one under torch's schedules,
 becomes the segment-aware one too (torchtitan's flex and varlen attention
 cannot train on CPU), so such a run computes the same math as a Seq1F1B one.
 With a :class:`~.metrics.Seq1F1BMetricsProcessor`, Seq1F1B jobs log the
-segment plan, the K/V store peak and the bubble estimate.
+segment plan, the K/V store peak and the bubble estimate, and end with the
+run summary (on the recall corpus: the loss next to the lowest loss a model
+blind to earlier segments can reach).
 """
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass, field
 
 from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.integration.metrics import Seq1F1BFigures
+from torchtitan_seq1f1b.integration.summary import JobFacts, run_summary
 from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
@@ -39,6 +44,9 @@ class Seq1F1BTrainer(Trainer):
     class Config(Trainer.Config):
         seq1f1b: Seq1F1BSection = field(default_factory=Seq1F1BSection)
         """Seq1F1B's options; every one is a flag (``--seq1f1b.num_segments 2``)."""
+
+    # The first step this process trains (None until it trains one).
+    _first_step: int | None = None
 
     def __init__(self, config: Config):
         check_config(config)
@@ -60,3 +68,27 @@ class Seq1F1BTrainer(Trainer):
             self.metrics_processor, Seq1F1BMetricsProcessor
         ):
             self.metrics_processor.figures = Seq1F1BFigures(schedule)
+
+    def train_step(self, data_iterator) -> None:
+        if self._first_step is None:
+            self._first_step = self.step
+        super().train_step(data_iterator)
+
+    def train(self) -> None:
+        """Train; then, on a Seq1F1B job's ranks holding the loss, log the run summary."""
+        super().train()
+        metrics = self.metrics_processor
+        if getattr(metrics, "figures", None) is None or not self.pp_has_last_stage:
+            return
+        config = self.config
+        job = JobFacts(
+            dataset=getattr(config.dataloader, "dataset", ""),
+            dataset_path=config.dataloader.dataset_path,
+            seq_len=config.training.seq_len,
+            steps=config.training.steps,
+            checkpoint_folder=os.path.join(config.dump_folder, config.checkpoint.folder),
+        )
+        for line in run_summary(
+            job, metrics.figures.schedule, self._first_step, self.step, metrics.recent_losses
+        ):
+            logger.info(line)
