@@ -6,6 +6,8 @@
 - :mod:`.options`: the ``[seq1f1b]`` options, one dataclass for every adapter;
 - :mod:`.schedules`: the Seq1F1B schedule names a job selects;
 - :mod:`.plan`: the segment plan the options ask for;
+- :mod:`.document_masks`: torchtitan's ``attention_masks`` as document ids;
+- :mod:`.metrics`, :mod:`.summary`: the figures a job logs and its closing lines;
 - :mod:`.cpu`: torchtitan on a machine without an accelerator;
 - :mod:`.titan_0_2`: the torchtitan 0.2.2 adapter (TOML configs,
   ``custom_config_module``, train-spec and trainer hooks);

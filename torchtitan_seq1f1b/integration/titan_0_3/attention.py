@@ -33,7 +33,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from torchtitan_seq1f1b.attention import bind_documents, SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.integration.document_masks import (
+    bind_masks_as_documents,
+    is_inner_attention,
+    MASKS_KWARG,
+)
 
 __all__ = [
     "MASKS_KWARG",
@@ -42,11 +47,6 @@ __all__ = [
     "parallelize_with_document_ids",
     "positions_document_ids",
 ]
-
-# The keyword under which torchtitan hands every stage (and the unpipelined
-# model) what get_attention_masks returned.
-MASKS_KWARG = "attention_masks"
-
 
 class SegmentAwareInnerAttention(SegmentAwareAttention):
     """:class:`SegmentAwareAttention` called as torchtitan 0.3 calls inner attention."""
@@ -94,26 +94,15 @@ def positions_document_ids(positions: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(positions == 0, dim=1) - 1
 
 
-def _is_inner_attention(name: str, module: nn.Module) -> bool:
-    return name.endswith("attention.inner_attention") and not isinstance(
-        module, SegmentAwareAttention
-    )
-
-
 def make_segment_aware(model: nn.Module, backend: str) -> int:
     """Convert a torchtitan 0.3 decoder (or a pipeline part of one) in place.
 
     Call before torchtitan's ``parallelize_fn`` (AC and FSDP wrap the new
     modules). Returns the number of attention layers converted.
     """
-    converted = wrap_attention(model, _is_inner_attention, backend, SegmentAwareInnerAttention)
+    converted = wrap_attention(model, is_inner_attention, backend, SegmentAwareInnerAttention)
     model.get_attention_masks = positions_document_ids
     return converted
-
-
-def _bind_document_ids(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    bind_documents(module, kwargs.pop(MASKS_KWARG, None))
-    return args, kwargs
 
 
 def parallelize_with_document_ids(parallelize_fn, backend: str):
@@ -135,7 +124,7 @@ def parallelize_with_document_ids(parallelize_fn, backend: str):
             return parallelize_fn(model, **kwargs)
         make_segment_aware(model, backend)
         model = parallelize_fn(model, **kwargs)
-        model.register_forward_pre_hook(_bind_document_ids, with_kwargs=True)
+        model.register_forward_pre_hook(bind_masks_as_documents, with_kwargs=True)
         return model
 
     return parallelize
