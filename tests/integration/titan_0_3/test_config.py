@@ -3,6 +3,7 @@
 
 """The torchtitan 0.3 job config: flags, early errors naming the option, the debug command."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -100,6 +101,12 @@ def test_bad_option_is_named(change, message):
     config.seq1f1b.segment_lengths = []
     change(config)
     assert message in problems_of(config)
+
+
+def test_other_models_are_refused():
+    config = seq1f1b_debug()
+    config.model_spec = dataclasses.replace(config.model_spec, name="qwen3")
+    assert "model 'qwen3': Seq1F1B supports ['llama3']" in problems_of(config)
 
 
 def test_options_do_not_matter_without_seq1f1b():

@@ -62,10 +62,11 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
     options: Seq1F1BSection = config.seq1f1b
     parallelism = config.parallelism
     entry = SCHEDULES[options.schedule]
-    problems = []
     spec = config.model_spec
     if spec is not None and spec.name not in MODEL_NAMES:
-        problems.append(f"model {spec.name!r}: Seq1F1B supports {list(MODEL_NAMES)}")
+        # The rest reads llama3's layout (attention, SwiGLU MLP) from the config.
+        return [f"model {spec.name!r}: Seq1F1B supports {list(MODEL_NAMES)}"]
+    problems = []
     if parallelism.pipeline_parallel_schedule != entry.layout_of:
         problems.append(
             f"seq1f1b.schedule={options.schedule!r} runs on the stage layout of "
