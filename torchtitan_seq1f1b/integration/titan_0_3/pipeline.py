@@ -21,7 +21,6 @@ by nothing.
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 from torchtitan.components.loss import LossFunction
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
@@ -40,6 +39,7 @@ from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_attention_backend
+from torchtitan_seq1f1b.integration.titan_0_3.contiguous import send_contiguous
 from torchtitan_seq1f1b.integration.titan_0_3.attention import make_segment_aware, MASKS_KWARG
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.plan import segment_plan_for
@@ -114,7 +114,7 @@ def pipeline_llm_seq1f1b(
     )
     for i, part in enumerate(model_parts):
         model_parts[i] = stages[i].submod = parallelize_fn(part, **parallelize_kwargs)
-        _send_contiguous(model_parts[i])
+        send_contiguous(model_parts[i])
 
     n_microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
     schedule = entry.schedule_class(
@@ -135,56 +135,6 @@ def pipeline_llm_seq1f1b(
     has_first = any(stage.is_first for stage in stages)
     has_last = any(stage.is_last for stage in stages)
     return schedule, model_parts, has_first, has_last
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.contiguous()
-
-
-def _contiguous_input_grads(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    args = tuple(
-        _ContiguousGrad.apply(a) if isinstance(a, torch.Tensor) and a.requires_grad else a
-        for a in args
-    )
-    return args, kwargs
-
-
-def _contiguous_output(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor):
-    if not isinstance(output, DTensor):
-        return output.contiguous()
-    local = output.to_local()
-    if local.is_contiguous():
-        return output
-    return DTensor.from_local(
-        local.contiguous(),
-        output.device_mesh,
-        output.placements,
-        shape=output.shape,
-        stride=output.stride(),
-    )
-
-
-def _send_contiguous(part: nn.Module) -> None:
-    """Make what ``part``'s stage sends contiguous: its activation and the
-    gradient of its input.
-
-    Each segment's receive buffer is allocated contiguous for its length, and
-    torch 2.15 allocates the others with the sender's strides. Under sequence
-    parallelism a block's reduce-scatter along the sequence (forward) and the
-    all-gather's backward leave (batch, seq, dim) shards laid out
-    sequence-major; a DTensor's own ``contiguous()`` looks at the global
-    strides only. Where tensors are contiguous already this copies nothing.
-    """
-    part.register_forward_pre_hook(_contiguous_input_grads, with_kwargs=True)
-    part.register_forward_hook(_contiguous_output, with_kwargs=True)
 
 
 class _ScalarLoss:
