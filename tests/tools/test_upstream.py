@@ -58,7 +58,7 @@ def test_a_tree_without_supported_experiments_fails_naming_the_file(tmp_path, ca
     (tmp_path / "torchtitan" / "experiments" / "__init__.py").write_text("EXPERIMENTS = []\n")
     assert main(["--torchtitan-src", str(tmp_path), "--output", str(tmp_path / "p.patch")]) == 1
     err = capsys.readouterr().err
-    assert f"{INIT}: no `_supported_experiments = frozenset([...])`" in err
+    assert f"{tmp_path / INIT}: no `_supported_experiments = frozenset([...])`" in err
     assert not (tmp_path / "p.patch").exists()
 
 

@@ -44,6 +44,7 @@ def build_patch(source: SourceTree) -> str:
     parts = []
     for path, edit in edits.items():
         old = source.read(path)
-        parts.append(file_diff(path, old, edit(old, path)))
+        # Errors name the file as the user knows it.
+        parts.append(file_diff(path, old, edit(old, str(source.root / path))))
     parts += [file_diff(path, None, text) for path, text in experiment_files().items()]
     return "".join(parts)
