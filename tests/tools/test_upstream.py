@@ -118,4 +118,6 @@ def test_the_experiment_imports_itself_and_installs_on_import():
 
 def test_a_reference_the_rename_misses_fails_naming_the_line():
     with pytest.raises(UpstreamError, match=r"pipeline.py:2 still refers to 'titan_0_3'"):
-        rewrite_module("import os\nfrom torchtitan_seq1f1b.integration import titan_0_3\n", "pipeline.py")
+        rewrite_module(
+            "import os\nfrom torchtitan_seq1f1b.integration import titan_0_3\n", "pipeline.py"
+        )

@@ -21,7 +21,9 @@ def main(argv: list[str] | None = None) -> int:
         "--torchtitan-src", required=True, type=Path,
         help="directory holding torchtitan/ (git checkout, unpacked sdist or copied package)",
     )
-    parser.add_argument("--output", type=Path, default=Path("seq1f1b.patch"), help="patch file to write")
+    parser.add_argument(
+        "--output", type=Path, default=Path("seq1f1b.patch"), help="patch file to write"
+    )
     args = parser.parse_args(argv)
     try:
         patch = build_patch(SourceTree(args.torchtitan_src))
@@ -29,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     args.output.write_text(patch)
-    print(f"wrote {args.output}: apply it in {args.torchtitan_src} with `git apply {args.output.resolve()}`")
+    print(
+        f"wrote {args.output}: apply it in {args.torchtitan_src} with "
+        f"`git apply {args.output.resolve()}`"
+    )
     return 0
 
 

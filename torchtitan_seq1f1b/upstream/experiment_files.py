@@ -57,7 +57,9 @@ def rewrite_module(text: str, name: str) -> str:
             )
     if name == "__init__.py":
         if "def install(" not in text:
-            raise UpstreamError(f"{ADAPTER_DIR / name} defines no install() for the experiment to call")
+            raise UpstreamError(
+                f"{ADAPTER_DIR / name} defines no install() for the experiment to call"
+            )
         text = text.rstrip("\n") + "\n" + INSTALL_ON_IMPORT
     return text
 
@@ -71,5 +73,6 @@ def experiment_files() -> dict[str, str]:
     for template in sorted(p for p in TEMPLATES.rglob("*") if p.is_file()):
         if "__pycache__" in template.parts:
             continue
-        files[f"{EXPERIMENT_DIR}/{template.relative_to(TEMPLATES).as_posix()}"] = template.read_text()
+        path = template.relative_to(TEMPLATES).as_posix()
+        files[f"{EXPERIMENT_DIR}/{path}"] = template.read_text()
     return files

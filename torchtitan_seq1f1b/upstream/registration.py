@@ -21,7 +21,9 @@ __all__ = ["EXPERIMENT_NAME", "EXPERIMENT_ROW", "add_experiment_row", "add_suppo
 
 EXPERIMENT_NAME = "seq1f1b"
 # The owner is a placeholder handle until the PR names a real one.
-EXPERIMENT_ROW = "| [seq1f1b](./seq1f1b/) | TBA | [@seq1f1b-owner](https://github.com/seq1f1b-owner) |"
+EXPERIMENT_ROW = (
+    "| [seq1f1b](./seq1f1b/) | TBA | [@seq1f1b-owner](https://github.com/seq1f1b-owner) |"
+)
 TABLE_HEADING = "## Current experiments"
 
 
@@ -30,7 +32,10 @@ def _supported_list(tree: ast.Module) -> ast.List | None:
     for node in tree.body:
         if (
             isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "_supported_experiments" for t in node.targets)
+            and any(
+                isinstance(t, ast.Name) and t.id == "_supported_experiments"
+                for t in node.targets
+            )
             and isinstance(node.value, ast.Call)
             and isinstance(node.value.func, ast.Name)
             and node.value.func.id == "frozenset"
@@ -79,7 +84,9 @@ def add_experiment_row(text: str, path: str) -> str:
     try:
         heading = next(i for i, line in enumerate(lines) if line.strip() == TABLE_HEADING)
     except StopIteration:
-        raise UpstreamError(f"{path}: no {TABLE_HEADING!r} heading to add the seq1f1b row under") from None
+        raise UpstreamError(
+            f"{path}: no {TABLE_HEADING!r} heading to add the seq1f1b row under"
+        ) from None
     start = next((i for i in range(heading + 1, len(lines)) if lines[i].strip()), None)
     if start is None or not lines[start].lstrip().startswith("|"):
         raise UpstreamError(f"{path}: no table follows {TABLE_HEADING!r}")

@@ -35,7 +35,9 @@ def run(*command: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     result = subprocess.run(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    assert result.returncode == 0, f"{' '.join(command)} exited with {result.returncode}:\n{result.stdout[-6000:]}"
+    assert result.returncode == 0, (
+        f"{' '.join(command)} exited with {result.returncode}:\n{result.stdout[-6000:]}"
+    )
     return result.stdout
 
 

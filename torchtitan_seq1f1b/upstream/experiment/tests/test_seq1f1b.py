@@ -42,7 +42,9 @@ def train(folder, nproc, seed_checkpoint, *args):
 
 
 def test_pp2_seq1f1b_matches_unpipelined(tmp_path, seed_checkpoint):
-    reference = train(tmp_path / "pp1", 1, seed_checkpoint, "--parallelism.pipeline_parallel_degree", "1")
+    reference = train(
+        tmp_path / "pp1", 1, seed_checkpoint, "--parallelism.pipeline_parallel_degree", "1"
+    )
     seq1f1b = train(tmp_path / "pp2", 2, seed_checkpoint)
     assert "Using pipeline schedule Seq1F1B" in seq1f1b.output
     steps = sorted(reference.losses)
