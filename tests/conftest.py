@@ -1,7 +1,8 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""On a machine with CUDA, a ``gpu``-marked test that skips fails instead.
+"""The stack under test in the report header; on a machine with CUDA, a
+``gpu``-marked test that skips fails instead.
 
 The GPU tests skip where CUDA (or the kernel they test) is missing; on a GPU
 machine a silent skip would report success for kernels that never ran. A
@@ -12,7 +13,14 @@ kernel, e.g. FlashAttention 2 on a pre-Ampere card) stays a skip.
 import pytest
 import torch
 
+from torchtitan_seq1f1b.check.titan_runs import titan_release
+
 HARDWARE_SKIP = "hardware:"
+
+
+def pytest_report_header(config) -> str:
+    """Which stack runs: tests/integration/ collects only its torchtitan's tests."""
+    return f"stack: torch {torch.__version__}, torchtitan {titan_release()}"
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,15 +1,22 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""One seed checkpoint for every torchtitan job of the session.
+"""torchtitan jobs: the tests of the installed release, one seed checkpoint for all.
 
-The causal and the block-causal debug flavors have the same parameters, so
-their runs start from the same weights too.
+``titan_0_2/`` tests the torchtitan 0.2.2 adapter and ``titan_0_3/`` the 0.3
+one; only the installed release's directory is collected. Every job of the
+session starts from the same seed checkpoint (on 0.2.2 the causal and the
+block-causal debug flavors have the same parameters, so their runs start
+from the same weights too).
 """
 
 import pytest
 
 from tests.harness import TEST_ARGS, torchrun
+from torchtitan_seq1f1b.check.titan_runs import titan_release
+
+RELEASE_DIRS = {"0.2": "titan_0_2", "0.3": "titan_0_3"}
+collect_ignore = [d for release, d in RELEASE_DIRS.items() if release != titan_release()]
 
 
 @pytest.fixture(scope="session")
@@ -19,8 +26,8 @@ def seed_checkpoint(tmp_path_factory):
         folder, 1, *TEST_ARGS,
         "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
         "--parallelism.pipeline_parallel_degree", "1",
-        # The same weights every session (test_torchtitan.py's BF16_RTOL was
-        # measured on them).
+        # The same weights every session (titan_0_2/test_torchtitan.py's
+        # BF16_RTOL was measured on them).
         "--debug.seed", "0",
     )
     return folder / "checkpoint" / "step-0"

@@ -61,15 +61,30 @@ class SegmentAwareAttention(nn.Module):
         Returns:
             (batch, n_heads, seq_len, head_dim)
         """
-        raise_if_unmet(self.backend, KernelTarget.of(q))
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        return self.attend(q, k, v).transpose(1, 2)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+    ) -> torch.Tensor:
+        """The attention itself, in the kernels' layout.
+
+        Args:
+            q: (batch, seq_len, n_heads, head_dim), RoPE applied.
+            k, v: (batch, seq_len, n_kv_heads, head_dim).
+            scale: softmax scale for this call; ``None`` means the module's.
+
+        Returns:
+            (batch, seq_len, n_heads, head_dim)
+        """
+        raise_if_unmet(self.backend, KernelTarget.of(q))
         store = self.kv_store
         running = store.running if store is not None else None
         documents = None
         if running is not None:
             k, v = store.attach(self, k, v)
             documents = running.segment_documents
-        return self.backend(q, k, v, self.scale, documents).transpose(1, 2)
+        return self.backend(q, k, v, self.scale if scale is None else scale, documents)
 
     def extra_repr(self) -> str:
         return f"backend={self.backend.name}"
@@ -116,11 +131,14 @@ def wrap_attention(
     model: nn.Module,
     is_attention: Callable[[str, nn.Module], bool],
     backend: str | AttentionBackend = "auto",
+    module_class: type[SegmentAwareAttention] = SegmentAwareAttention,
 ) -> int:
     """Replace every submodule selected by ``is_attention(name, module)`` in place.
 
-    Returns the number of modules replaced; each replacement shares nothing with
-    the others, so each keeps its own K/V per microbatch.
+    Each becomes a ``module_class(backend)`` (a subclass takes another
+    framework's call signature). Returns the number of modules replaced; each
+    replacement shares nothing with the others, so each keeps its own K/V per
+    microbatch.
     """
     targets = [
         (name, module)
@@ -130,5 +148,5 @@ def wrap_attention(
     for name, _ in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, SegmentAwareAttention(backend))
+        setattr(parent, child, module_class(backend))
     return len(targets)

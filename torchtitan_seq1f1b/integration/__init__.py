@@ -5,8 +5,14 @@
 
 - :mod:`.options`: the ``[seq1f1b]`` options, one dataclass for every adapter;
 - :mod:`.schedules`: the Seq1F1B schedule names a job selects;
+- :mod:`.plan`: the segment plan the options ask for;
+- :mod:`.document_masks`: torchtitan's ``attention_masks`` as document ids;
+- :mod:`.metrics`, :mod:`.summary`: the figures a job logs and its closing lines;
+- :mod:`.cpu`: torchtitan on a machine without an accelerator;
 - :mod:`.titan_0_2`: the torchtitan 0.2.2 adapter (TOML configs,
-  ``custom_config_module``, train-spec and trainer hooks).
+  ``custom_config_module``, train-spec and trainer hooks);
+- :mod:`.titan_0_3`: the torchtitan 0.3 adapter (config registry, Trainer
+  subclass, keyword-only pipelining function).
 
 The package's ``__init__`` calls :func:`install` when it is imported inside a
 torchtitan process; nothing here imports torchtitan before that.
@@ -17,7 +23,10 @@ from importlib.metadata import version
 
 __all__ = ["install"]
 
-ADAPTERS = {"0.2": "torchtitan_seq1f1b.integration.titan_0_2"}
+ADAPTERS = {
+    "0.2": "torchtitan_seq1f1b.integration.titan_0_2",
+    "0.3": "torchtitan_seq1f1b.integration.titan_0_3",
+}
 
 
 def install() -> None:
@@ -28,6 +37,6 @@ def install() -> None:
         raise RuntimeError(
             f"torchtitan_seq1f1b has adapters for torchtitan {sorted(ADAPTERS)} but "
             f"torchtitan {installed} is installed; install a supported release "
-            "(pip install 'torchtitan==0.2.2')"
+            "(pip install 'torchtitan==0.2.2' or 'torchtitan==0.3.0')"
         )
     import_module(ADAPTERS[release]).install()

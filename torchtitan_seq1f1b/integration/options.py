@@ -4,7 +4,9 @@
 """The ``[seq1f1b]`` options: one dataclass for every torchtitan adapter.
 
 torchtitan 0.2.2 reads them as a TOML section and ``--seq1f1b.<key>`` flags
-(:mod:`torchtitan_seq1f1b.job_config`).
+(:mod:`torchtitan_seq1f1b.job_config`); torchtitan 0.3 as the ``seq1f1b``
+section of its trainer config, which adds the schedule name
+(:mod:`torchtitan_seq1f1b.integration.titan_0_3.options`).
 """
 
 from dataclasses import dataclass, field

@@ -28,9 +28,9 @@ from torchtitan.config import JobConfig
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
 from torchtitan_seq1f1b.data import register_datasets, resolve_hf_assets_path
+from torchtitan_seq1f1b.integration.cpu import enable_cpu_training
 from torchtitan_seq1f1b.integration.titan_0_2.attention import parallelize_with_document_ids
 from torchtitan_seq1f1b.integration.titan_0_2.config_checks import install_config_checks
-from torchtitan_seq1f1b.integration.titan_0_2.cpu import enable_cpu_training
 from torchtitan_seq1f1b.integration.titan_0_2.metrics import build_seq1f1b_metrics_processor
 from torchtitan_seq1f1b.integration.titan_0_2.pipeline import pipeline_llm_seq1f1b
 from torchtitan_seq1f1b.integration.titan_0_2.trainer import install_trainer_hook
@@ -39,11 +39,21 @@ __all__ = ["install", "pipeline_llm_seq1f1b"]
 
 MODEL_NAMES = ("llama3",)
 
+# Modules that copy ``device_type`` / ``device_module`` out of
+# torchtitan.tools.utils at import time (torchtitan 0.2.2).
+DEVICE_CONSUMERS = (
+    "torchtitan.tools.utils",
+    "torchtitan.components.metrics",
+    "torchtitan.distributed.utils",
+    "torchtitan.distributed.parallel_dims",
+    "torchtitan.tools.profiling",
+)
+
 
 def install() -> None:
     """Idempotent; see the module docstring."""
     install_config_checks()
-    on_cpu = enable_cpu_training()
+    on_cpu = enable_cpu_training(DEVICE_CONSUMERS)
     register_datasets()
     for name in MODEL_NAMES:
         spec = original = get_train_spec(name)

@@ -40,7 +40,12 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.models.llama3.model.model import Attention
 from torchtitan.protocols.train_spec import BaseModelArgs, ParallelizeFunction
 
-from torchtitan_seq1f1b.attention import bind_documents, SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.attention import wrap_attention
+from torchtitan_seq1f1b.integration.document_masks import (
+    bind_masks_as_documents,
+    is_inner_attention,
+    MASKS_KWARG,
+)
 
 __all__ = [
     "MASKS_KWARG",
@@ -50,11 +55,6 @@ __all__ = [
     "parallelize_with_document_ids",
     "uses_document_ids",
 ]
-
-# The keyword under which torchtitan hands every stage (and the unpipelined
-# model) what get_attention_masks returned.
-MASKS_KWARG = "attention_masks"
-
 
 def eos_document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     """Document ids as torchtitan 0.2.2's ``get_document_mask_mod`` derives them.
@@ -110,19 +110,13 @@ def _document_ids_of(
     return eos_document_ids(input_batch, tokenizer.eos_id)
 
 
-def _is_llama_inner_attention(name: str, module: nn.Module) -> bool:
-    return name.endswith("attention.inner_attention") and not isinstance(
-        module, SegmentAwareAttention
-    )
-
-
 def make_segment_aware(model: nn.Module, backend: str) -> int:
     """Convert a llama3 ``Transformer`` (or a pipeline part of one) in place.
 
     Call before torchtitan's ``parallelize_fn`` (AC and FSDP wrap the new
     modules). Returns the number of attention layers converted.
     """
-    converted = wrap_attention(model, _is_llama_inner_attention, backend)
+    converted = wrap_attention(model, is_inner_attention, backend)
     model_args = model.model_args
     if uses_document_ids(model_args):
         for module in model.modules():
@@ -132,11 +126,6 @@ def make_segment_aware(model: nn.Module, backend: str) -> int:
             _document_ids_of, model_args.attn_mask_type
         )
     return converted
-
-
-def _bind_document_ids(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    bind_documents(module, kwargs.pop(MASKS_KWARG, None))
-    return args, kwargs
 
 
 def parallelize_with_document_ids(parallelize_fn: ParallelizeFunction) -> ParallelizeFunction:
@@ -165,7 +154,7 @@ def parallelize_with_document_ids(parallelize_fn: ParallelizeFunction) -> Parall
         options = getattr(job_config, "seq1f1b", None)  # absent without custom_config_module
         make_segment_aware(model, getattr(options, "attention_backend", "auto"))
         model = parallelize_fn(model, parallel_dims, job_config)
-        model.register_forward_pre_hook(_bind_document_ids, with_kwargs=True)
+        model.register_forward_pre_hook(bind_masks_as_documents, with_kwargs=True)
         return model
 
     parallelize._seq1f1b = True

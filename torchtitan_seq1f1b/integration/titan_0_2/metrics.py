@@ -10,7 +10,6 @@ import logging
 from collections import deque
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from torchtitan.components.metrics import _get_metrics_rank, MetricsProcessor
@@ -18,23 +17,16 @@ from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import BaseModelArgs
 
+from torchtitan_seq1f1b.integration.metrics import Seq1F1BFigures
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
-from torchtitan_seq1f1b.orders import equal_cost_bubble
 
 __all__ = ["Seq1F1BMetricsProcessor", "build_seq1f1b_metrics_processor"]
 
 
 class Seq1F1BMetricsProcessor(MetricsProcessor):
-    """Adds, under ``seq1f1b/``, once a Seq1F1B schedule is attached:
-
-    - ``segment_len/<j>``: the plan's segment lengths (tokens);
-    - ``kv_store_peak_bytes``: the largest K/V store of the logged step over
-      all pipeline stages (the first stage's, normally);
-    - ``bubble_estimate``: the idle fraction of the schedule's order when all
-      units cost the same (``(p-1) / (m*k + p-1)`` for Seq1F1B).
-
-    Every rank calls ``log``, so the pipeline-wide maximum is one all-reduce.
+    """Adds :class:`Seq1F1BFigures` once a Seq1F1B schedule is attached
+    (every rank calls ``log``, as the figures need).
 
     With pipelining only the last stage has the loss; torchtitan prints the
     step line on every rank, with loss -1 where it is missing. When
@@ -45,7 +37,7 @@ class Seq1F1BMetricsProcessor(MetricsProcessor):
     """
 
     schedule: ScheduleSeq1F1B | None = None
-    _bubble_estimate: float | None = None
+    _figures: Seq1F1BFigures | None = None
 
     def __init__(
         self,
@@ -72,7 +64,9 @@ class Seq1F1BMetricsProcessor(MetricsProcessor):
     ):
         metrics = dict(extra_metrics or {})
         if self.schedule is not None:
-            metrics.update(self._seq1f1b_metrics(self.schedule))
+            if self._figures is None or self._figures.schedule is not self.schedule:
+                self._figures = Seq1F1BFigures(self.schedule)
+            metrics.update(self._figures.step_metrics())
         self.recent_losses.append(global_avg_loss)
         with self._console():
             super().log(step, global_avg_loss, global_max_loss, grad_norm, metrics)
@@ -86,26 +80,6 @@ class Seq1F1BMetricsProcessor(MetricsProcessor):
     def _console(self) -> contextlib.AbstractContextManager:
         """Where ``prints_loss`` is False, hold back INFO lines (warnings still show)."""
         return contextlib.nullcontext() if self.prints_loss else _logging_level(logging.WARNING)
-
-    def _seq1f1b_metrics(self, schedule: ScheduleSeq1F1B) -> dict[str, float]:
-        stage = schedule._stages[0]
-        peak = torch.tensor(
-            [max(store.peak_bytes for store in schedule.kv_stores.values())],
-            dtype=torch.int64,
-            device=stage.device,
-        )
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=stage.group)
-        if self._bubble_estimate is None:
-            self._bubble_estimate = equal_cost_bubble(
-                schedule.segment_order, schedule.num_segments, len(schedule._stages)
-            )
-        metrics = {
-            f"seq1f1b/segment_len/{j}": length
-            for j, length in enumerate(schedule.segment_plan.lengths)
-        }
-        metrics["seq1f1b/kv_store_peak_bytes"] = int(peak.item())
-        metrics["seq1f1b/bubble_estimate"] = self._bubble_estimate
-        return metrics
 
 
 def build_seq1f1b_metrics_processor(

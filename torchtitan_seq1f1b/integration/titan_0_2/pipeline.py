@@ -38,15 +38,12 @@ from torchtitan_seq1f1b.integration.titan_0_2.attention import (
     MASKS_KWARG,
     uses_document_ids,
 )
+from torchtitan_seq1f1b.integration.plan import plan_segments, Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, ScheduleEntry, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = ["Seq1F1BConfigError", "pipeline_llm_seq1f1b", "segment_plan_for"]
-
-
-class Seq1F1BConfigError(ValueError):
-    """A job config Seq1F1B cannot run, found before any collective."""
 
 
 def pipeline_llm_seq1f1b(
@@ -116,33 +113,9 @@ def segment_plan_for(
     job_config: JobConfig, model: nn.Module, parallel_dims: ParallelDims
 ) -> SegmentPlan:
     """The plan ``[seq1f1b]`` asks for at ``training.seq_len`` (model may be on meta)."""
-    options = job_config.seq1f1b
-    seq_len = job_config.training.seq_len
-    # Sequence parallel shards every segment over the TP ranks.
-    align = math.lcm(options.align, parallel_dims.tp)
-    where = (
-        f"[seq1f1b] num_segments={options.num_segments}, partition="
-        f"{options.partition!r}, align={options.align} (x tp={parallel_dims.tp}), "
-        f"training.seq_len={seq_len}"
+    return plan_segments(
+        job_config.seq1f1b, job_config.training.seq_len, parallel_dims.tp, _cost_of(model)
     )
-    try:
-        if options.segment_lengths:
-            if sum(options.segment_lengths) != seq_len:
-                raise ValueError(
-                    f"segment_lengths={options.segment_lengths} sum to "
-                    f"{sum(options.segment_lengths)}, not {seq_len}"
-                )
-            return SegmentPlan.from_lengths(options.segment_lengths, align)
-        if options.num_segments * align > seq_len:
-            raise ValueError(
-                f"{options.num_segments} segments of at least {align} tokens do not "
-                f"fit in {seq_len}; lower num_segments or align"
-            )
-        if options.partition == "uniform":
-            return SegmentPlan.uniform(seq_len, options.num_segments, align)
-        return SegmentPlan.balanced(seq_len, options.num_segments, _cost_of(model), align)
-    except ValueError as error:
-        raise Seq1F1BConfigError(f"{where}: {error}") from None
 
 
 def _cost_of(model: nn.Module) -> TransformerCost:

@@ -259,10 +259,11 @@ def test_attention_seq1f1b_cannot_reproduce_is_rejected(monkeypatch, attn_type, 
 
 
 def test_cpu_support_changes_nothing_where_an_accelerator_exists(monkeypatch):
-    from torchtitan_seq1f1b.integration.titan_0_2 import cpu
+    from torchtitan_seq1f1b.integration import cpu
+    from torchtitan_seq1f1b.integration.titan_0_2 import DEVICE_CONSUMERS
 
     monkeypatch.setattr(cpu, "_get_available_device_type", lambda: "cuda")
-    assert cpu.enable_cpu_training() is False
+    assert cpu.enable_cpu_training(DEVICE_CONSUMERS) is False
 
 
 def test_cpu_support_points_torchtitan_at_the_cpu():

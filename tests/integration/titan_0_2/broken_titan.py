@@ -3,7 +3,7 @@
 
 """One part of Seq1F1B broken inside a torchtitan job, as a negative control.
 
-Used as the job's ``--experimental.custom_import tests.integration.broken_titan`` (in
+Used as the job's ``--experimental.custom_import tests.integration.titan_0_2.broken_titan`` (in
 place of ``torchtitan_seq1f1b``, which the job's custom_config_module has
 imported and installed by then), with ``SEQ1F1B_BREAK`` set to one of:
 

@@ -156,7 +156,7 @@ def test_tolerance_catches_broken_seq1f1b(run, unpipelined, broken):
     divided by one token too many (0.2%), fail the 1e-4 comparison."""
     seq1f1b = run(
         2,
-        "--experimental.custom_import", "tests.integration.broken_titan",
+        "--experimental.custom_import", "tests.integration.titan_0_2.broken_titan",
         name=broken,
         extra_env={"SEQ1F1B_BREAK": broken},
     )

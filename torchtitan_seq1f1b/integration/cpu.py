@@ -1,11 +1,13 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Let torchtitan 0.2.2 train on a machine without an accelerator (gloo on CPU).
+"""Let torchtitan train on a machine without an accelerator (gloo on CPU).
 
-torchtitan resolves its device once at import time and falls back to "cuda"
-when none is found; its memory monitor, timeout barrier and FSDP reduce op
-assume a GPU too. Everything here is a no-op where an accelerator exists.
+torchtitan (0.2.2 and 0.3) resolves its device once at import time and falls
+back to "cuda" when none is found, and several modules copy that choice at
+their own import; its memory monitor, timeout barrier and FSDP reduce op
+assume a GPU too. Each adapter names the modules of its release that copy
+the device; everything here is a no-op where an accelerator exists.
 """
 
 import importlib
@@ -20,15 +22,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from torchtitan.tools.logging import logger
 
-# Modules that copy ``device_type`` / ``device_module`` out of
-# torchtitan.tools.utils at import time (torchtitan 0.2.2).
-_DEVICE_CONSUMERS = (
-    "torchtitan.tools.utils",
-    "torchtitan.components.metrics",
-    "torchtitan.distributed.utils",
-    "torchtitan.distributed.parallel_dims",
-    "torchtitan.tools.profiling",
-)
+__all__ = ["CPUDeviceModule", "enable_cpu_training"]
 
 
 class CPUDeviceModule:
@@ -82,12 +76,17 @@ def _sum_only_gradient_division(set_gradient_divide_factor):
     return wrapper
 
 
-def enable_cpu_training() -> bool:
-    """Point torchtitan at the CPU if no accelerator exists; returns whether it did."""
+def enable_cpu_training(device_consumers: tuple[str, ...]) -> bool:
+    """Point torchtitan at the CPU if no accelerator exists; returns whether it did.
+
+    device_consumers: the torchtitan modules holding ``device_type`` /
+    ``device_module`` (``torchtitan.tools.utils`` and those that copy them at
+    import time).
+    """
     if _get_available_device_type() is not None:
         return False
     device_module = CPUDeviceModule()
-    for name in _DEVICE_CONSUMERS:
+    for name in device_consumers:
         module = importlib.import_module(name)
         if hasattr(module, "device_type"):
             module.device_type = "cpu"

@@ -81,7 +81,7 @@ def test_tolerance_catches_a_dropped_document_mask(run, unpipelined):
     seq1f1b = run(
         2,
         *BLOCK_CAUSAL_ARGS,
-        "--experimental.custom_import", "tests.integration.broken_titan",
+        "--experimental.custom_import", "tests.integration.titan_0_2.broken_titan",
         name="document_mask",
         extra_env={"SEQ1F1B_BREAK": "document_mask"},
     )

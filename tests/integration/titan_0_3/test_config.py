@@ -1,0 +1,163 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The torchtitan 0.3 job config: flags, early errors naming the option, the debug command."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torchtitan.components.loss import ChunkedLossWrapper
+from torchtitan.config import ConfigManager
+from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
+from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
+
+from tests.harness import REPO, RunFailed, TEST_ARGS, torchrun
+
+
+def parse(*args: str) -> Seq1F1BTrainer.Config:
+    return ConfigManager().parse_args(
+        ["--module", "torchtitan_seq1f1b", "--config", "seq1f1b_debug", *args]
+    )
+
+
+def problems_of(config: Seq1F1BTrainer.Config) -> str:
+    with pytest.raises(Seq1F1BConfigError) as error:
+        check_config(config)
+    return str(error.value)
+
+
+def test_every_option_is_a_flag():
+    config = parse(
+        "--seq1f1b.schedule", "Seq1F1BZBV",
+        "--seq1f1b.num_segments", "2",
+        "--seq1f1b.partition", "uniform",
+        "--seq1f1b.attention_backend", "sdpa",
+        "--seq1f1b.align", "4",
+        "--seq1f1b.segment_lengths", "40", "24",
+    )
+    assert isinstance(config, Seq1F1BTrainer.Config)
+    options = config.seq1f1b
+    assert (options.schedule, options.num_segments, options.partition) == ("Seq1F1BZBV", 2, "uniform")
+    assert (options.attention_backend, options.align, options.segment_lengths) == ("sdpa", 4, [40, 24])
+
+
+def test_unknown_schedule_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        parse("--seq1f1b.schedule", "Seq1F1b")
+    err = capsys.readouterr().err
+    assert "seq1f1b.schedule" in err and "InterleavedSeq1F1B" in err
+
+
+def test_the_debug_config_passes_and_pipeline_schedule_stays_a_torch_name():
+    config = seq1f1b_debug()
+    check_config(config)
+    assert config.parallelism.pipeline_parallel_schedule == "1F1B"
+    assert config.training.disable_cuda_graphs
+
+
+def test_every_problem_is_named_at_once():
+    config = seq1f1b_debug()
+    config.seq1f1b.num_segments = 300
+    config.parallelism.pipeline_parallel_schedule = "Interleaved1F1B"
+    config.parallelism.pipeline_parallel_schedule_csv = "order.csv"
+    config.compile.enable = True
+    message = problems_of(config)
+    assert "300 segments of at least 1 tokens do not fit in 64" in message
+    assert "seq1f1b.num_segments=300" in message
+    assert (
+        "seq1f1b.schedule='Seq1F1B' runs on the stage layout of '1F1B', but "
+        "parallelism.pipeline_parallel_schedule='Interleaved1F1B'"
+    ) in message
+    assert "parallelism.pipeline_parallel_schedule_csv is set" in message
+    assert "compile.enable with compile.components including 'model'" in message
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda c: setattr(c.seq1f1b, "num_segments", 0), "seq1f1b.num_segments=0 must be >= 1"),
+        (lambda c: setattr(c.seq1f1b, "segment_lengths", [32, 16]),
+         "seq1f1b.segment_lengths=[32, 16] sum to 48, not 64"),
+        (lambda c: setattr(c.parallelism, "context_parallel_degree", 2),
+         "parallelism.context_parallel_degree=2"),
+        (lambda c: (setattr(c.seq1f1b, "schedule", "Seq1F1BZeroBubble"),
+                    setattr(c, "activation_checkpoint", SelectiveAC.Config())),
+         "activation_checkpoint:selective cannot run under seq1f1b.schedule='Seq1F1BZeroBubble'"),
+        (lambda c: setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=5)),
+         "loss.num_chunks=5 must divide every segment length [16, 16, 16, 16]"),
+    ],
+    ids=["num_segments", "segment_lengths", "context_parallel", "selective_ac", "chunked_loss"],
+)
+def test_bad_option_is_named(change, message):
+    config = seq1f1b_debug()
+    config.seq1f1b.segment_lengths = []
+    change(config)
+    assert message in problems_of(config)
+
+
+def test_other_models_are_refused():
+    config = seq1f1b_debug()
+    config.model_spec = dataclasses.replace(config.model_spec, name="qwen3")
+    assert "model 'qwen3': Seq1F1B supports ['llama3']" in problems_of(config)
+
+
+def test_options_do_not_matter_without_seq1f1b():
+    config = seq1f1b_debug()
+    config.seq1f1b.num_segments = 300
+    config.parallelism.pipeline_parallel_degree = 1
+    check_config(config)
+    config.parallelism.pipeline_parallel_degree = 2
+    config.seq1f1b.schedule = "none"
+    check_config(config)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--seq1f1b.num_segments", "0"), "seq1f1b.num_segments=0 must be >= 1"),
+        # A kernel that cannot run on this device is found at start-up, not
+        # inside the first step on one rank.
+        (("--seq1f1b.attention_backend", "varlen"),
+         "seq1f1b.attention_backend='varlen' cannot run on cpu"),
+    ],
+)
+def test_bad_config_fails_on_every_rank_before_training(tmp_path, args, message):
+    with pytest.raises(RunFailed) as failure:
+        torchrun(tmp_path, 2, *TEST_ARGS, *args, timeout=120)
+    output = failure.value.output
+    # Both ranks raise (before the process group exists, without a rank prefix).
+    assert output.count("Seq1F1BConfigError: Seq1F1B cannot run this job") >= 2
+    assert output.count(message) >= 2
+    assert "Training starts" not in output
+    assert "Connection closed by peer" not in output
+
+
+def test_the_documented_debug_command_trains(tmp_path):
+    """README's command from any directory, a few steps: Seq1F1B PP=2, k=4."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "-m", "torchtitan.train", "--module", "torchtitan_seq1f1b", "--config", "seq1f1b_debug",
+        "--training.steps", "5", "--metrics.log_freq", "1",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Using pipeline schedule Seq1F1B on the stage layout of 1F1B" in output
+    assert "step:  5" in output
+    assert "Seq1F1B: trained steps 1-5; loss " in output
+    assert (
+        "recall corpus (doc_tokens=65,seed=0,words=64), segments [16, 16, 16, 16]: no model "
+        "that cannot attend to earlier segments gets below loss 3.9009"
+    ) in output
+    assert (tmp_path / "outputs" / "seq1f1b_debug" / "checkpoint" / "step-5").is_dir()

@@ -1,0 +1,165 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Seq1F1B inside torchtitan 0.3, end to end on CPU with gloo.
+
+Every run starts from one seed checkpoint, with every backward on a fresh
+thread (as CUDA runs it), on packed documents (41-token documents in
+128-token windows; torchtitan 0.3 always masks documents). Per-step losses
+and the step-1 grad_norm of pipelined runs must match the non-pipelined
+run's within 1e-4 relative (FSDP2 and TP runs: FSDP2 alone's, TP alone's). The grad_norm catches
+normalisation bugs -- torchtitan 0.3's loss divides by the global token
+count, and the schedule must not divide again -- that clipping and Adam
+would hide in the loss curve. Negative controls show that the comparison
+fails when Seq1F1B is broken.
+"""
+
+import pytest
+
+from tests.harness import (
+    assert_same_training,
+    largest_difference,
+    TEST_ARGS,
+    TORCHTITAN_RTOL as RTOL,
+    torchrun,
+)
+
+UNPIPELINED = ("--parallelism.pipeline_parallel_degree", "1")
+# Seq1F1B evaluates (forward only) with the training plan.
+VALIDATION_ARGS = (
+    "--validator.enable",
+    "--validator.freq", "3",
+    "--validator.steps", "2",
+    "--validator.dataloader.dataset_path", "doc_tokens=41,words=64",
+)
+LAYOUTS = {
+    "Seq1F1B": "1F1B",
+    "InterleavedSeq1F1B": "Interleaved1F1B",
+    "Seq1F1BZeroBubble": "1F1B",
+    "Seq1F1BZBV": "ZBVZeroBubble",
+}
+
+
+def seq1f1b_args(schedule: str) -> tuple[str, ...]:
+    return (
+        "--seq1f1b.schedule", schedule,
+        "--parallelism.pipeline_parallel_schedule", LAYOUTS[schedule],
+    )
+
+
+@pytest.fixture(scope="module")
+def unpipelined(run):
+    return run(1, *UNPIPELINED, *VALIDATION_ARGS, name="unpipelined")
+
+
+@pytest.fixture(scope="module")
+def fsdp_unpipelined(run):
+    """FSDP2 alone: data parallelism shards the data, so FSDP runs are compared with FSDP."""
+    return run(2, *UNPIPELINED, "--parallelism.data_parallel_shard_degree", "2", name="fsdp")
+
+
+@pytest.fixture(scope="module")
+def tp_unpipelined(run):
+    """Tensor parallelism alone: TP's numerics differ from a single process,
+    so TP runs are compared with TP."""
+    return run(2, *UNPIPELINED, "--parallelism.tensor_parallel_degree", "2", name="tp")
+
+
+def test_torch_1f1b_matches_unpipelined(run, unpipelined):
+    """torchtitan's own 1F1B (seq1f1b.schedule none) on the CPU attention: the
+    reference path and the comparison agree where Seq1F1B is not involved."""
+    torch_1f1b = run(2, "--seq1f1b.schedule", "none", name="torch_1f1b")
+    assert "Using pipeline schedule 1F1B" in torch_1f1b.output
+    assert_same_training(torch_1f1b, unpipelined)
+
+
+@pytest.mark.parametrize(
+    "schedule,segments,stages",
+    [
+        ("Seq1F1B", 4, 2),
+        ("InterleavedSeq1F1B", 3, 4),
+        ("Seq1F1BZeroBubble", 3, 2),
+        ("Seq1F1BZBV", 2, 4),
+    ],
+)
+def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
+    seq1f1b = run(
+        2,
+        *seq1f1b_args(schedule),
+        "--seq1f1b.num_segments", str(segments),
+        *VALIDATION_ARGS,
+        name=schedule,
+    )
+    assert (
+        f"Using pipeline schedule {schedule} on the stage layout of {LAYOUTS[schedule]} "
+        f"with 2 microbatches x {segments} segments"
+    ) in seq1f1b.output
+    assert f"over {stages} stages on 2 ranks" in seq1f1b.output
+    assert_same_training(seq1f1b, unpipelined)
+    validation = seq1f1b.scalars("validation_metrics/loss")
+    reference = unpipelined.scalars("validation_metrics/loss")
+    assert {3, 6} <= set(validation) == set(reference)
+    for step, loss in reference.items():
+        assert validation[step] == pytest.approx(loss, rel=RTOL), step
+    lengths = [seq1f1b.scalars(f"seq1f1b/segment_len/{j}")[1] for j in range(segments)]
+    assert sum(lengths) == 128
+    assert seq1f1b.scalars("seq1f1b/kv_store_peak_bytes")[1] > 0
+    bubble = seq1f1b.scalars("seq1f1b/bubble_estimate")[1]
+    p, m = 2, 2
+    if schedule == "Seq1F1B":
+        assert bubble == pytest.approx((p - 1) / (m * segments + p - 1))
+    elif schedule == "InterleavedSeq1F1B":
+        assert bubble == pytest.approx((p - 1) / (2 * m * segments + p - 1))
+    else:
+        assert 0 < bubble < (p - 1) / (m * segments + p - 1)
+
+
+@pytest.mark.parametrize(
+    "schedule,ac",
+    [("Seq1F1B", "activation_checkpoint:selective"), ("Seq1F1BZBV", "activation_checkpoint:full")],
+)
+def test_activation_checkpointing_matches_unpipelined(run, unpipelined, schedule, ac):
+    """Recompute during backward (and, for the split backward, during input- and
+    weight-gradient steps) sees the same segments and documents as the forward."""
+    seq1f1b = run(2, *seq1f1b_args(schedule), ac, name=f"{schedule}_ac")
+    assert "activation checkpointing to the model" in seq1f1b.output
+    assert_same_training(seq1f1b, unpipelined)
+
+
+def test_fsdp_pp_matches_fsdp(run, fsdp_unpipelined):
+    seq1f1b = run(4, "--parallelism.data_parallel_shard_degree", "2", name="fsdp_pp")
+    assert_same_training(seq1f1b, fsdp_unpipelined)
+
+
+def test_tp_pp_matches_tp(run, tp_unpipelined):
+    seq1f1b = run(4, "--parallelism.tensor_parallel_degree", "2", name="tp_pp")
+    assert_same_training(seq1f1b, tp_unpipelined)
+
+
+@pytest.mark.parametrize("broken", ["segment_attention", "normalizer", "document_mask"])
+def test_tolerance_catches_broken_seq1f1b(run, unpipelined, broken):
+    """Negative control: segments that do not see earlier segments, gradients
+    divided by one token too many (0.2%), or documents not masked, fail the
+    1e-4 comparison."""
+    seq1f1b = run(
+        2,
+        config="tests.integration.titan_0_3.broken:seq1f1b_debug",
+        name=broken,
+        extra_env={"SEQ1F1B_BREAK": broken},
+    )
+    assert largest_difference(seq1f1b, unpipelined) > RTOL
+    with pytest.raises(AssertionError):
+        assert_same_training(seq1f1b, unpipelined)
+
+
+def test_resume_continues_the_uninterrupted_run(run, tmp_path):
+    uninterrupted = run(2, "--checkpoint.interval", "3", name="uninterrupted")
+    resumed = torchrun(
+        tmp_path, 2, *TEST_ARGS,
+        "--checkpoint.folder", str(uninterrupted.dump_folder / "checkpoint"),
+        "--checkpoint.load_step", "3",
+    )
+    assert "Training starts at step 4" in resumed.output
+    assert sorted(resumed.losses) == [4, 5, 6]
+    for step, loss in resumed.losses.items():
+        assert loss == pytest.approx(uninterrupted.losses[step], rel=1e-6), step

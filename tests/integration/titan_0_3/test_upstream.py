@@ -1,0 +1,81 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The upstream patch against torchtitan 0.3.0 itself: it applies, and the patched tree's
+experiment tests pass there.
+
+The installed torchtitan package is copied into ``tmp/src/torchtitan`` (the
+wheel has no ``experiments/README.md``; tests/tools/test_upstream.py covers
+that edit), the patch is generated and applied with git, and the experiment's
+own tests run with ``tmp/src`` first on the path, so ``torchtitan`` is the
+patched copy.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torchtitan
+
+from tests.harness import REPO
+from torchtitan_seq1f1b.upstream.tree import EXPERIMENT_DIR
+
+# Prints where ``--module seq1f1b`` finds its config.
+RESOLVE = (
+    "from torchtitan.config import ConfigManager; import torchtitan.experiments.seq1f1b as e; "
+    "config = ConfigManager().parse_args(['--module', 'seq1f1b', '--config', 'seq1f1b_debug']); "
+    "print(type(config).__module__, e.__file__)"
+)
+
+
+def run(*command: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert result.returncode == 0, (
+        f"{' '.join(command)} exited with {result.returncode}:\n{result.stdout[-6000:]}"
+    )
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory) -> Path:
+    """tmp/src: a git repository of the installed torchtitan with the patch applied."""
+    src = tmp_path_factory.mktemp("upstream") / "src"
+    shutil.copytree(
+        Path(torchtitan.__file__).parent, src / "torchtitan",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    run("git", "init", "-q", cwd=src)
+    patch = src.parent / "seq1f1b.patch"
+    run(sys.executable, "-m", "torchtitan_seq1f1b.upstream",
+        "--torchtitan-src", str(src), "--output", str(patch), cwd=REPO)
+    run("git", "apply", "--check", str(patch), cwd=src)
+    run("git", "apply", str(patch), cwd=src)
+    return src
+
+
+def patched_env(src: Path) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(REPO)]))
+
+
+def test_the_patch_adds_the_experiment_and_registers_it(patched):
+    assert (patched / EXPERIMENT_DIR / "README.md").is_file()
+    init = (patched / "torchtitan" / "experiments" / "__init__.py").read_text()
+    assert '"seq1f1b",' in init
+    resolved = run(sys.executable, "-c", RESOLVE, cwd=patched.parent, env=patched_env(patched))
+    module, file = resolved.split()[-2:]
+    assert module == "torchtitan.experiments.seq1f1b.trainer"
+    assert Path(file) == patched / EXPERIMENT_DIR / "__init__.py"
+
+
+def test_the_patched_trees_experiment_tests_pass(patched):
+    tests = patched / EXPERIMENT_DIR / "tests"
+    output = run(
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests),
+        cwd=patched.parent, env=patched_env(patched),
+    )
+    assert "2 passed" in output

@@ -1,0 +1,130 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""A torchtitan 0.3 decoder's attention made segment-aware, with its document masks.
+
+torchtitan 0.3's language models are always document-masked: the dataloader
+emits per-document ``positions`` (0 at every document start), the trainer asks
+the first model part for ``get_attention_masks(positions=...)`` (a flex
+BlockMask or varlen metadata) and hands the result, with the positions, to
+the model or to every pipeline stage. Neither kernel can attend a segment to
+its microbatch's earlier segments, and neither trains on CPU. So a model is
+converted (:func:`make_segment_aware`):
+
+- every ``attention.inner_attention`` becomes :class:`SegmentAwareInnerAttention`,
+  which takes torchtitan 0.3's inner-attention call: q, k, v of shape
+  (batch, seq, heads, head_dim) and keyword ``attention_masks=``, ``scale=``;
+- ``get_attention_masks`` returns document ids (batch, seq) instead
+  (:func:`positions_document_ids`, the ids torchtitan's
+  ``get_document_mask_mod`` derives);
+- a Seq1F1B schedule takes them as its ``document_ids_kwarg``, so the model
+  never sees them; an unpipelined model, or a part under one of torch's
+  schedules, gets a forward pre-hook that binds them
+  (:func:`parallelize_with_document_ids`, on CPU, where torchtitan's own
+  kernels cannot train).
+
+RoPE positions stay torchtitan's per-document positions; a Seq1F1B schedule
+cuts them with the segments.
+"""
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.integration.document_masks import (
+    bind_masks_as_documents,
+    is_inner_attention,
+    MASKS_KWARG,
+)
+
+__all__ = [
+    "MASKS_KWARG",
+    "SegmentAwareInnerAttention",
+    "make_segment_aware",
+    "parallelize_with_document_ids",
+    "positions_document_ids",
+]
+
+class SegmentAwareInnerAttention(SegmentAwareAttention):
+    """:class:`SegmentAwareAttention` called as torchtitan 0.3 calls inner attention."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        attention_masks: Any = None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """
+        Args:
+            q: (batch, seq_len, n_heads, head_dim), RoPE applied.
+            k, v: (batch, seq_len, n_kv_heads, head_dim).
+            attention_masks: must be None: document ids reach the layer
+                through the schedule or :func:`bind_documents`, never as masks.
+            scale: softmax scale; ``None`` means 1/sqrt(head_dim).
+            enable_gqa: accepted for drop-in compatibility; GQA follows from
+                the head counts.
+
+        Returns:
+            (batch, seq_len, n_heads, head_dim)
+        """
+        if attention_masks is not None:
+            raise ValueError(
+                "segment-aware attention got attention_masks; its model's document "
+                "ids must go to a Seq1F1B schedule's document_ids_kwarg or to "
+                "bind_documents, not to the layers"
+            )
+        return self.attend(q, k, v, scale)
+
+
+def positions_document_ids(positions: torch.Tensor) -> torch.Tensor:
+    """Document ids as torchtitan 0.3's ``get_document_mask_mod`` derives them.
+
+    positions: (batch, seq_len) per-document positions, 0 at each document start
+    -> (batch, seq_len) int64, non-decreasing: the number of document starts
+    at or before each position, minus one.
+    """
+    return torch.cumsum(positions == 0, dim=1) - 1
+
+
+def make_segment_aware(model: nn.Module, backend: str) -> int:
+    """Convert a torchtitan 0.3 decoder (or a pipeline part of one) in place.
+
+    Call before torchtitan's ``parallelize_fn`` (AC and FSDP wrap the new
+    modules). Returns the number of attention layers converted.
+    """
+    converted = wrap_attention(model, is_inner_attention, backend, SegmentAwareInnerAttention)
+    model.get_attention_masks = positions_document_ids
+    return converted
+
+
+def parallelize_with_document_ids(parallelize_fn, backend: str):
+    """``parallelize_fn`` that first converts a model or pipeline part not yet converted.
+
+    For a machine without an accelerator, where torchtitan's flex and varlen
+    attention cannot train: an unpipelined model, or a part pipelined by one
+    of torch's schedules (``seq1f1b.schedule = "none"``), then computes the
+    same document-masked attention as Seq1F1B's stages, with the document ids
+    bound before each forward. (A forward binds its own microbatch's ids, so
+    under torch's schedules activation-checkpoint recompute would see the
+    latest forward's; run those references without activation checkpointing.)
+    Seq1F1B's parts pass through: the pipelining function converted them.
+    """
+
+    @functools.wraps(parallelize_fn)
+    def parallelize(model: nn.Module, **kwargs) -> nn.Module:
+        if any(isinstance(m, SegmentAwareAttention) for m in model.modules()):
+            return parallelize_fn(model, **kwargs)
+        make_segment_aware(model, backend)
+        model = parallelize_fn(model, **kwargs)
+        model.register_forward_pre_hook(bind_masks_as_documents, with_kwargs=True)
+        return model
+
+    return parallelize

@@ -1,0 +1,145 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Config checks of a torchtitan 0.3 Seq1F1B job, before the trainer starts anything.
+
+They read the config alone, so every rank raises the same
+:class:`~torchtitan_seq1f1b.integration.plan.Seq1F1BConfigError`, naming the
+options, before the first collective. The attention kernel, which depends on
+the device and the parameter dtype, is checked by the pipelining function
+(:func:`check_attention_backend`), still before any pipeline message.
+"""
+
+import torch
+
+from torchtitan.components.loss import ChunkedLossWrapper
+from torchtitan.config import TORCH_DTYPE_MAP, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import SelectiveAC
+from torchtitan.trainer import Trainer
+
+from torchtitan_seq1f1b.attention import check_backend, KernelTarget
+from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
+from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.plan import segment_plan_for
+
+__all__ = ["MODEL_NAMES", "check_attention_backend", "check_config", "runs_seq1f1b"]
+
+# Models whose layers Seq1F1B knows (attention.inner_attention, a SwiGLU MLP).
+MODEL_NAMES = ("llama3",)
+
+
+def runs_seq1f1b(config: Trainer.Config) -> bool:
+    """Whether this job pipelines under a Seq1F1B schedule."""
+    return (
+        config.parallelism.pipeline_parallel_degree > 1
+        and config.seq1f1b.schedule != NO_SCHEDULE
+    )
+
+
+def check_config(config: Trainer.Config) -> None:
+    """Raise :class:`Seq1F1BConfigError` listing every reason Seq1F1B cannot run ``config``.
+
+    ``config.seq1f1b`` is a :class:`Seq1F1BSection`. A job that does not
+    pipeline under Seq1F1B is only refused context parallelism: on CPU its
+    attention becomes the segment-aware one too, which runs whole sequences.
+    """
+    problems = []
+    parallelism = config.parallelism
+    if parallelism.context_parallel_degree > 1:
+        problems.append(
+            f"parallelism.context_parallel_degree={parallelism.context_parallel_degree}: "
+            "Seq1F1B (and its CPU attention) runs whole sequences per rank; set it to 1"
+        )
+    if runs_seq1f1b(config):
+        problems += _seq1f1b_problems(config)
+    if problems:
+        raise Seq1F1BConfigError("Seq1F1B cannot run this job:\n  - " + "\n  - ".join(problems))
+
+
+def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
+    options: Seq1F1BSection = config.seq1f1b
+    parallelism = config.parallelism
+    entry = SCHEDULES[options.schedule]
+    spec = config.model_spec
+    if spec is not None and spec.name not in MODEL_NAMES:
+        # The rest reads llama3's layout (attention, SwiGLU MLP) from the config.
+        return [f"model {spec.name!r}: Seq1F1B supports {list(MODEL_NAMES)}"]
+    problems = []
+    if parallelism.pipeline_parallel_schedule != entry.layout_of:
+        problems.append(
+            f"seq1f1b.schedule={options.schedule!r} runs on the stage layout of "
+            f"{entry.layout_of!r}, but parallelism.pipeline_parallel_schedule="
+            f"{parallelism.pipeline_parallel_schedule!r}; set "
+            f"--parallelism.pipeline_parallel_schedule {entry.layout_of}, or "
+            f"--seq1f1b.schedule {NO_SCHEDULE} for torchtitan's own schedule"
+        )
+    if parallelism.pipeline_parallel_schedule_csv:
+        problems.append(
+            "parallelism.pipeline_parallel_schedule_csv is set; Seq1F1B generates its "
+            "own order, so leave it empty"
+        )
+    if config.compile.enable and "model" in config.compile.components:
+        problems.append(
+            "compile.enable with compile.components including 'model' is not supported "
+            "with Seq1F1B: the segment-aware attention reads per-unit state that "
+            "torch.compile would specialise on; drop --compile.enable or set "
+            "--compile.components loss"
+        )
+    if options.schedule in SPLIT_BACKWARD_SCHEDULES and isinstance(
+        config.activation_checkpoint, SelectiveAC.Config
+    ):
+        problems.append(
+            f"activation_checkpoint:selective cannot run under seq1f1b.schedule="
+            f"{options.schedule!r}: torch's op-level checkpointing allows one backward "
+            "per region, and split backwards run two (input, then weight gradients); "
+            "use activation_checkpoint:full or activation_checkpoint:none, or "
+            "seq1f1b.schedule='Seq1F1B'"
+        )
+    if options.num_segments < 1:
+        problems.append(f"seq1f1b.num_segments={options.num_segments} must be >= 1")
+    elif spec is not None:
+        try:
+            plan = segment_plan_for(
+                options, config.training.seq_len, parallelism.tensor_parallel_degree, spec.model
+            )
+        except Seq1F1BConfigError as error:
+            problems.append(str(error))
+        else:
+            problems += _chunked_loss_problems(config, plan.lengths)
+    return problems
+
+
+def _chunked_loss_problems(config: Trainer.Config, lengths: tuple[int, ...]) -> list[str]:
+    loss = config.loss
+    if not isinstance(loss, ChunkedLossWrapper.Config):
+        return []
+    if all(length % loss.num_chunks == 0 for length in lengths):
+        return []
+    return [
+        f"loss.num_chunks={loss.num_chunks} must divide every segment length "
+        f"{list(lengths)} (the chunked loss cuts each segment's output); raise "
+        f"seq1f1b.align to a multiple of {loss.num_chunks}, or lower loss.num_chunks"
+    ]
+
+
+def check_attention_backend(
+    options: Seq1F1BSection,
+    training: TrainingConfig,
+    parallel_dims: ParallelDims,
+    head_dim: int,
+    device: torch.device,
+) -> None:
+    """Raise :class:`Seq1F1BConfigError` if ``seq1f1b.attention_backend`` cannot run here.
+
+    torchtitan casts parameters to ``training.mixed_precision_param`` only
+    through FSDP; otherwise they keep ``training.dtype``.
+    """
+    dtype = TORCH_DTYPE_MAP[
+        training.mixed_precision_param if parallel_dims.fsdp_enabled else training.dtype
+    ]
+    try:
+        check_backend(options.attention_backend, KernelTarget(torch.device(device), dtype, head_dim))
+    except ValueError as error:
+        raise Seq1F1BConfigError(f"Seq1F1B cannot run this job: seq1f1b.{error}") from None

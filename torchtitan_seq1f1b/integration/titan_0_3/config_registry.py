@@ -1,0 +1,88 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Seq1F1B job configs for torchtitan 0.3 (``--module ... --config <function>``).
+
+    torchrun --nproc_per_node 2 -m torchtitan.train \\
+        --module torchtitan_seq1f1b --config seq1f1b_debug
+
+Any field is a flag on the same command: ``--parallelism.pipeline_parallel_degree 1``
+is the non-pipelined reference, ``--seq1f1b.num_segments 2`` another plan.
+"""
+
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
+from torchtitan.components.validate import Validator
+from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.models.llama3 import model_registry
+
+from torchtitan_seq1f1b.data import TOKENIZER_DIR
+from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
+from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
+
+__all__ = ["seq1f1b_debug"]
+
+
+def seq1f1b_debug() -> Seq1F1BTrainer.Config:
+    """The llama3 debug model, PP=2 under Seq1F1B with k=4 balanced segments, on CPU or GPU.
+
+    The data (a long-range recall corpus: every document's second half repeats
+    its first half) and the tokenizer ship with the package; nothing is
+    downloaded. Each 64-token window is one document cut into 4 segments of
+    about 16 tokens, so every copied word's source lies in an earlier segment.
+    Checkpoints go to ./outputs/seq1f1b_debug/checkpoint; running the command
+    again resumes from the latest.
+    """
+    model_spec = model_registry("debugmodel")
+    return Seq1F1BTrainer.Config(
+        dump_folder="./outputs/seq1f1b_debug",
+        hf_assets_path=str(TOKENIZER_DIR),
+        model_spec=model_spec,
+        # Whole-segment logits: a chunked loss would need every segment length
+        # to be a multiple of its chunk count.
+        loss=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec)),
+        optimizer=default_adamw(lr=1e-2),
+        lr_scheduler=LRSchedulersContainer.Config(
+            warmup_steps=20, decay_ratio=0.2, decay_type="linear", min_lr_factor=0.0
+        ),
+        training=TrainingConfig(
+            local_batch_size=16,
+            seq_len=64,
+            steps=300,
+            max_norm=1.0,
+            # CPU has no fast bf16; float32 keeps runs comparable.
+            mixed_precision_param="float32",
+            # torchtitan refuses CUDA graphs with pipeline parallelism.
+            disable_cuda_graphs=True,
+        ),
+        # One 65-token document per window; words from a pool of 64.
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset="seq1f1b_recall", dataset_path="doc_tokens=65,words=64"
+        ),
+        metrics=Seq1F1BMetricsProcessor.Config(log_freq=5, enable_tensorboard=True),
+        parallelism=ParallelismConfig(
+            pipeline_parallel_degree=2,
+            pipeline_parallel_schedule="1F1B",
+            pipeline_parallel_microbatch_size=8,
+        ),
+        seq1f1b=Seq1F1BSection(schedule="Seq1F1B", num_segments=4, partition="balanced"),
+        checkpoint=CheckpointManager.Config(
+            enable=True, interval=100, last_save_model_only=False
+        ),
+        activation_checkpoint=None,
+        # --validator.enable turns it on; Seq1F1B evaluates with the training plan.
+        validator=Validator.Config(
+            freq=50,
+            steps=4,
+            dataloader=HuggingFaceTextDataLoader.Config(
+                dataset="seq1f1b_recall_validation",
+                dataset_path="doc_tokens=65,words=64",
+                infinite=False,
+            ),
+        ),
+        debug=DebugConfig(seed=0),
+    )

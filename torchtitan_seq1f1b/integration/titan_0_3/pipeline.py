@@ -1,0 +1,152 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan 0.3 pipelining function that runs a Seq1F1B schedule.
+
+It does what torchtitan's ``pipeline_llm`` does -- split the model into stages
+for the stage layout of ``parallelism.pipeline_parallel_schedule`` (one stage
+per rank for "1F1B", ``pipeline_parallel_layers_per_stage`` or 2 per rank
+for "Interleaved1F1B", 2 per rank in a V for "ZBVZeroBubble"), apply
+``parallelize_fn`` (TP, AC, FSDP) to every part -- except that the attention
+ops become segment-aware before parallelizing and the stages run under the
+Seq1F1B schedule ``seq1f1b.schedule`` names, with a segment plan derived from
+``training.seq_len``, the ``seq1f1b`` options and the model's dims. With
+``seq1f1b.schedule = "none"`` it is ``pipeline_llm``.
+
+Loss normalisation is torchtitan 0.3's: the trainer passes
+``loss_kwargs={"global_valid_tokens": ...}`` to ``step()`` and the loss
+divides by it, so the schedule runs with ``scale_grads=False`` and divides
+by nothing.
+"""
+
+import torch
+import torch.nn as nn
+
+from torchtitan.components.loss import LossFunction
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig
+from torchtitan.distributed.pipeline_parallel import (
+    _build_get_mesh_callback,
+    _generate_llm_fqn_per_model_part,
+    _get_pipeline_metadata,
+    _pipeline_module_split,
+    pipeline_llm,
+)
+from torchtitan.protocols.model import BaseModel
+from torchtitan.protocols.model_spec import ParallelizeFunction
+from torchtitan.tools.logging import logger
+
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES
+from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_attention_backend
+from torchtitan_seq1f1b.integration.titan_0_3.contiguous import send_contiguous
+from torchtitan_seq1f1b.integration.titan_0_3.attention import make_segment_aware, MASKS_KWARG
+from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.plan import segment_plan_for
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+
+__all__ = ["pipeline_llm_seq1f1b"]
+
+
+def pipeline_llm_seq1f1b(
+    model: nn.Module,
+    *,
+    options: Seq1F1BSection,
+    parallel_dims: ParallelDims,
+    training: TrainingConfig,
+    parallelism: ParallelismConfig,
+    compile_config: CompileConfig,
+    ac_config: ActivationCheckpointingConfig,
+    dump_folder: str,
+    device: torch.device,
+    model_config: BaseModel.Config,
+    parallelize_fn: ParallelizeFunction,
+    loss_fn: LossFunction,
+) -> tuple[ScheduleSeq1F1B, list[nn.Module], bool, bool]:
+    """``ModelSpec.pipelining_fn`` with ``options`` bound (``functools.partial``).
+
+    The job was checked (:func:`~.config_checks.check_config`) before the
+    trainer initialised anything.
+    """
+    parallelize_kwargs = dict(
+        parallel_dims=parallel_dims,
+        training=training,
+        parallelism=parallelism,
+        compile_config=compile_config,
+        ac_config=ac_config,
+        dump_folder=dump_folder,
+    )
+    if options.schedule == NO_SCHEDULE:
+        return pipeline_llm(
+            model,
+            **parallelize_kwargs,
+            device=device,
+            model_config=model_config,
+            parallelize_fn=parallelize_fn,
+            loss_fn=loss_fn,
+        )
+    entry = SCHEDULES[options.schedule]
+    attention = model_config.first_attention
+    check_attention_backend(
+        options,
+        training,
+        parallel_dims,
+        attention.head_dim or attention.dim // attention.n_heads,
+        device,
+    )
+    plan = segment_plan_for(options, training.seq_len, parallel_dims.tp, model_config)
+
+    # Stage counts are checked against pipeline_parallel_schedule, a torch name.
+    num_stages, num_layers, input_weight, output_weight = _get_pipeline_metadata(
+        parallel_dims, parallelism, model_config
+    )
+    module_names = parallelism.module_fqns_per_model_part or _generate_llm_fqn_per_model_part(
+        num_stages, num_layers, input_weight, output_weight
+    )
+    make_segment_aware(model, options.attention_backend)
+    stages, model_parts = _pipeline_module_split(
+        model,
+        parallel_dims.get_mesh("pp"),
+        parallelism.pipeline_parallel_schedule,
+        device,
+        module_names,
+        get_mesh=_build_get_mesh_callback(parallel_dims),
+    )
+    for i, part in enumerate(model_parts):
+        model_parts[i] = stages[i].submod = parallelize_fn(part, **parallelize_kwargs)
+        send_contiguous(model_parts[i])
+
+    n_microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
+    schedule = entry.schedule_class(
+        stages,
+        n_microbatches=n_microbatches,
+        segment_plan=plan,
+        loss_fn=_ScalarLoss(loss_fn),
+        scale_grads=False,
+        positions_kwarg="positions",
+        document_ids_kwarg=MASKS_KWARG,
+    )
+    logger.info(
+        f"Using pipeline schedule {options.schedule} on the stage layout of "
+        f"{parallelism.pipeline_parallel_schedule} with {n_microbatches} microbatches "
+        f"x {plan.num_segments} segments {list(plan.lengths)} over {len(module_names)} "
+        f"stages on {parallel_dims.pp} ranks, attention_backend={options.attention_backend}"
+    )
+    has_first = any(stage.is_first for stage in stages)
+    has_last = any(stage.is_last for stage in stages)
+    return schedule, model_parts, has_first, has_last
+
+
+class _ScalarLoss:
+    """torchtitan 0.3's loss returns ``(loss, metrics)``; pipeline schedules take the loss.
+
+    ``loss_fn(output, target, global_valid_tokens=...)`` is the segment's sum of
+    token losses divided by the step's global valid-token count.
+    """
+
+    def __init__(self, loss_fn: LossFunction):
+        self.loss_fn = loss_fn
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        loss, _ = self.loss_fn(*args, **kwargs)
+        return loss

@@ -1,0 +1,34 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The segment plan of a torchtitan 0.3 job, from its model config (nothing built)."""
+
+from torchtitan.protocols.model import BaseModel
+
+from torchtitan_seq1f1b.integration.plan import plan_segments
+from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+
+__all__ = ["segment_plan_for", "transformer_cost"]
+
+
+def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
+    """The FLOP model of a torchtitan 0.3 decoder config (llama3's layout: GQA, SwiGLU)."""
+    attention = model_config.first_attention
+    n_heads = attention.n_heads
+    return TransformerCost(
+        n_layers=len(model_config.layers),
+        dim=attention.dim,
+        n_heads=n_heads,
+        n_kv_heads=attention.n_kv_heads or n_heads,
+        ffn_hidden_dim=model_config.layers[0].feed_forward.w1.out_features,
+        vocab_size=model_config.vocab_size,
+    )
+
+
+def segment_plan_for(
+    options: Seq1F1BSection, seq_len: int, tp: int, model_config: BaseModel.Config
+) -> SegmentPlan:
+    """The plan ``options`` ask for at ``training.seq_len``; raises
+    :class:`~torchtitan_seq1f1b.integration.plan.Seq1F1BConfigError` naming them."""
+    return plan_segments(options, seq_len, tp, transformer_cost(model_config))

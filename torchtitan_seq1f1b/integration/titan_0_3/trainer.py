@@ -1,0 +1,94 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan 0.3's ``Trainer`` with a ``seq1f1b`` config section.
+
+torchtitan 0.3 needs no trainer patch for Seq1F1B: it hands pipeline
+schedules the global valid-token count through ``loss_kwargs``, and it calls
+``ModelSpec.pipelining_fn`` with keyword arguments but without the config,
+so the subclass binds the ``seq1f1b`` options into the pipelining function.
+Before the base trainer initialises anything, every rank checks the config
+(:func:`~.config_checks.check_config`). On a machine without an accelerator
+the attention of an unpipelined model, or of one under torch's schedules,
+becomes the segment-aware one too (torchtitan's flex and varlen attention
+cannot train on CPU), so such a run computes the same math as a Seq1F1B one.
+With a :class:`~.metrics.Seq1F1BMetricsProcessor`, Seq1F1B jobs log the
+segment plan, the K/V store peak and the bubble estimate, and end with the
+run summary (on the recall corpus: the loss next to the lowest loss a model
+blind to earlier segments can reach).
+"""
+
+import dataclasses
+import functools
+import os
+from dataclasses import dataclass, field
+
+from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
+from torchtitan.trainer import Trainer
+
+from torchtitan_seq1f1b.integration.metrics import Seq1F1BFigures
+from torchtitan_seq1f1b.integration.summary import JobFacts, run_summary
+from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
+from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
+from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
+from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+
+__all__ = ["Seq1F1BTrainer"]
+
+
+class Seq1F1BTrainer(Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        seq1f1b: Seq1F1BSection = field(default_factory=Seq1F1BSection)
+        """Seq1F1B's options; every one is a flag (``--seq1f1b.num_segments 2``)."""
+
+    # The first step this process trains (None until it trains one).
+    _first_step: int | None = None
+
+    def __init__(self, config: Config):
+        check_config(config)
+        spec = config.model_spec
+        options = config.seq1f1b
+        parallelize_fn = spec.parallelize_fn
+        if utils.device_type == "cpu":
+            parallelize_fn = parallelize_with_document_ids(
+                parallelize_fn, options.attention_backend
+            )
+        config.model_spec = dataclasses.replace(
+            spec,
+            pipelining_fn=functools.partial(pipeline_llm_seq1f1b, options=options),
+            parallelize_fn=parallelize_fn,
+        )
+        super().__init__(config)
+        schedule = getattr(self, "pp_schedule", None)
+        if isinstance(schedule, ScheduleSeq1F1B) and isinstance(
+            self.metrics_processor, Seq1F1BMetricsProcessor
+        ):
+            self.metrics_processor.figures = Seq1F1BFigures(schedule)
+
+    def train_step(self, data_iterator) -> None:
+        if self._first_step is None:
+            self._first_step = self.step
+        super().train_step(data_iterator)
+
+    def train(self) -> None:
+        """Train; then, on a Seq1F1B job's ranks holding the loss, log the run summary."""
+        super().train()
+        metrics = self.metrics_processor
+        if getattr(metrics, "figures", None) is None or not self.pp_has_last_stage:
+            return
+        config = self.config
+        job = JobFacts(
+            dataset=getattr(config.dataloader, "dataset", ""),
+            dataset_path=config.dataloader.dataset_path,
+            seq_len=config.training.seq_len,
+            steps=config.training.steps,
+            checkpoint_folder=os.path.join(config.dump_folder, config.checkpoint.folder),
+        )
+        for line in run_summary(
+            job, metrics.figures.schedule, self._first_step, self.step, metrics.recent_losses
+        ):
+            logger.info(line)

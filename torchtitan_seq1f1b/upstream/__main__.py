@@ -1,0 +1,42 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""``python -m torchtitan_seq1f1b.upstream --torchtitan-src DIR [--output seq1f1b.patch]``."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from torchtitan_seq1f1b.upstream.patch import build_patch
+from torchtitan_seq1f1b.upstream.tree import SourceTree, UpstreamError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchtitan_seq1f1b.upstream",
+        description="Write a patch that adds Seq1F1B to a torchtitan 0.3.x source tree "
+        "as torchtitan/experiments/seq1f1b (apply it with `git apply`).",
+    )
+    parser.add_argument(
+        "--torchtitan-src", required=True, type=Path,
+        help="directory holding torchtitan/ (git checkout, unpacked sdist or copied package)",
+    )
+    parser.add_argument(
+        "--output", type=Path, default=Path("seq1f1b.patch"), help="patch file to write"
+    )
+    args = parser.parse_args(argv)
+    try:
+        patch = build_patch(SourceTree(args.torchtitan_src))
+    except UpstreamError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    args.output.write_text(patch)
+    print(
+        f"wrote {args.output}: apply it in {args.torchtitan_src} with "
+        f"`git apply {args.output.resolve()}`"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

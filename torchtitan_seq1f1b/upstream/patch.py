@@ -1,0 +1,50 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The patch: the experiment's new files and the registration edits as one git diff."""
+
+import difflib
+
+from torchtitan_seq1f1b.upstream.experiment_files import experiment_files
+from torchtitan_seq1f1b.upstream.registration import add_experiment_row, add_supported_experiment
+from torchtitan_seq1f1b.upstream.tree import SourceTree
+
+__all__ = ["EXPERIMENTS_INIT", "EXPERIMENTS_README", "build_patch", "file_diff"]
+
+EXPERIMENTS_INIT = "torchtitan/experiments/__init__.py"
+EXPERIMENTS_README = "torchtitan/experiments/README.md"
+NO_NEWLINE = "\\ No newline at end of file\n"
+
+
+def file_diff(path: str, old: str | None, new: str) -> str:
+    """A ``git apply``-able diff of ``path`` from ``old`` (None: a new file) to ``new``."""
+    diff = difflib.unified_diff(
+        (old or "").splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile="/dev/null" if old is None else f"a/{path}",
+        tofile=f"b/{path}",
+    )
+    header = f"diff --git a/{path} b/{path}\n" + ("new file mode 100644\n" if old is None else "")
+    # difflib leaves a last line without its newline as is; git marks it.
+    return header + "".join(
+        line if line.endswith("\n") else line + "\n" + NO_NEWLINE for line in diff
+    )
+
+
+def build_patch(source: SourceTree) -> str:
+    """The patch that adds the seq1f1b experiment to ``source``.
+
+    The registration hunks are computed from ``source``'s own files;
+    ``experiments/README.md`` gets its row only where the tree has one (the
+    wheel does not ship it).
+    """
+    edits = {EXPERIMENTS_INIT: add_supported_experiment}
+    if source.exists(EXPERIMENTS_README):
+        edits[EXPERIMENTS_README] = add_experiment_row
+    parts = []
+    for path, edit in edits.items():
+        old = source.read(path)
+        # Errors name the file as the user knows it.
+        parts.append(file_diff(path, old, edit(old, str(source.root / path))))
+    parts += [file_diff(path, None, text) for path, text in experiment_files().items()]
+    return "".join(parts)
