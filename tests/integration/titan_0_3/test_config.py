@@ -13,6 +13,7 @@ import pytest
 from torchtitan.components.loss import ChunkedLossWrapper
 from torchtitan.config import ConfigManager
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
+from torchtitan.tools import utils
 
 from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
@@ -116,6 +117,20 @@ def test_options_do_not_matter_without_seq1f1b():
     check_config(config)
     config.parallelism.pipeline_parallel_degree = 2
     config.seq1f1b.schedule = "none"
+    check_config(config)
+
+
+def test_torch_schedules_with_checkpointing_are_refused_on_cpu(monkeypatch):
+    """Their CPU attention would recompute a microbatch with a later one's documents."""
+    config = seq1f1b_debug()
+    config.seq1f1b.schedule = "none"
+    config.activation_checkpoint = SelectiveAC.Config()
+    monkeypatch.setattr(utils, "device_type", "cpu")  # what the CPU shim sets
+    assert "cannot recompute activation-checkpointed microbatches" in problems_of(config)
+    config.parallelism.pipeline_parallel_degree = 1
+    check_config(config)
+    config.parallelism.pipeline_parallel_degree = 2
+    monkeypatch.setattr(utils, "device_type", "cuda")  # torchtitan's own attention
     check_config(config)
 
 

@@ -114,7 +114,7 @@ def parallelize_with_document_ids(parallelize_fn, backend: str):
     same document-masked attention as Seq1F1B's stages, with the document ids
     bound before each forward. (A forward binds its own microbatch's ids, so
     under torch's schedules activation-checkpoint recompute would see the
-    latest forward's; run those references without activation checkpointing.)
+    latest forward's: :func:`~.config_checks.check_config` refuses that.)
     Seq1F1B's parts pass through: the pipelining function converted them.
     """
 

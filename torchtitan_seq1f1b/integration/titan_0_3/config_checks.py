@@ -16,6 +16,7 @@ from torchtitan.components.loss import ChunkedLossWrapper
 from torchtitan.config import TORCH_DTYPE_MAP, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
+from torchtitan.tools import utils
 from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.attention import check_backend, KernelTarget
@@ -54,6 +55,19 @@ def check_config(config: Trainer.Config) -> None:
         )
     if runs_seq1f1b(config):
         problems += _seq1f1b_problems(config)
+    elif (
+        utils.device_type == "cpu"
+        and parallelism.pipeline_parallel_degree > 1
+        and config.activation_checkpoint is not None
+    ):
+        # The CPU attention binds each forward's documents to the model; torch's
+        # schedules recompute a checkpointed microbatch after later forwards.
+        problems.append(
+            f"seq1f1b.schedule={NO_SCHEDULE!r} pipelines with torchtitan's own schedule, "
+            "whose CPU attention cannot recompute activation-checkpointed microbatches "
+            "with their own documents; use activation_checkpoint:none, or a Seq1F1B "
+            "schedule (--seq1f1b.schedule Seq1F1B)"
+        )
     if problems:
         raise Seq1F1BConfigError("Seq1F1B cannot run this job:\n  - " + "\n  - ".join(problems))
 
