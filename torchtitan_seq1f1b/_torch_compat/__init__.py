@@ -10,8 +10,8 @@ and nowhere else, and the torch versions they were tested against are pinned:
 - :mod:`.stage_hooks`: the stage attributes that every tested torch shares
   (per-chunk receive metadata, compute entry points, validation flag);
 - one runtime module per torch whose private runtime differs
-  (:mod:`.pipelining_2_13` for 2.13 and 2.14, :mod:`.pipelining_2_15`),
-  re-exported from here for the installed torch;
+  (:mod:`.pipelining_2_13` for 2.13 and 2.14, :mod:`.pipelining_2_15`), whose
+  functions are re-exported from here for the installed torch;
 - :mod:`.introspection`: hooks the benchmark and the simulator use to time
   torch's p2p waits and read torch's own schedule orders. Training never
   imports it.
@@ -49,15 +49,20 @@ def check_torch_version(version: str = torch.__version__) -> None:
 
 check_torch_version()
 
+# The action IR, the send/receive lowering, the runtime base class and its
+# simulator mean the same in every tested torch.
+from torch.distributed.pipelining.schedules import (  # noqa: E402
+    _Action,
+    _add_send_recv,
+    _ComputationType,
+    _PipelineScheduleRuntime,
+    _simulate_comms_compute,
+)
+
 # An untested newer torch (allowed by the environment variable) gets the newest
 # runtime module, an older one the oldest.
 _RUNTIME = "pipelining_2_15" if _release(torch.__version__) >= (2, 15) else "pipelining_2_13"
 _runtime = import_module(f"{__name__}.{_RUNTIME}")
-_Action = _runtime._Action
-_add_send_recv = _runtime._add_send_recv
-_ComputationType = _runtime._ComputationType
-_PipelineScheduleRuntime = _runtime._PipelineScheduleRuntime
-_simulate_comms_compute = _runtime._simulate_comms_compute
 lower_forward_only = _runtime.lower_forward_only
 set_finalize_gradients = _runtime.set_finalize_gradients
 stage_outputs = _runtime.stage_outputs

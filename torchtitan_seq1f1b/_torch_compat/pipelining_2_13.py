@@ -15,22 +15,11 @@ from torch.distributed.pipelining.schedules import (
     _Action,
     _add_send_recv,
     _add_unshard_reshard,
-    _ComputationType,
     _PipelineScheduleRuntime,
-    _simulate_comms_compute,
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-__all__ = [
-    "_Action",
-    "_add_send_recv",
-    "_ComputationType",
-    "_PipelineScheduleRuntime",
-    "_simulate_comms_compute",
-    "lower_forward_only",
-    "set_finalize_gradients",
-    "stage_outputs",
-]
+__all__ = ["lower_forward_only", "set_finalize_gradients", "stage_outputs"]
 
 
 def lower_forward_only(

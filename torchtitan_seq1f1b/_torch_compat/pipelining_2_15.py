@@ -25,24 +25,13 @@ from torch.distributed.pipelining.schedules import (
     _add_send_recv,
     _add_unshard_reshard,
     _add_wait_send,
-    _ComputationType,
     _PipelineScheduleRuntime,
     _resolve_unshard_lookahead,
-    _simulate_comms_compute,
     _validate_send_waits,
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-__all__ = [
-    "_Action",
-    "_add_send_recv",
-    "_ComputationType",
-    "_PipelineScheduleRuntime",
-    "_simulate_comms_compute",
-    "lower_forward_only",
-    "set_finalize_gradients",
-    "stage_outputs",
-]
+__all__ = ["lower_forward_only", "set_finalize_gradients", "stage_outputs"]
 
 
 def lower_forward_only(
