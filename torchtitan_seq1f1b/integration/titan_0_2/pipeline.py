@@ -38,6 +38,7 @@ from torchtitan_seq1f1b.integration.titan_0_2.attention import (
     MASKS_KWARG,
     uses_document_ids,
 )
+from torchtitan_seq1f1b.integration.config_problems import shared_problems
 from torchtitan_seq1f1b.integration.plan import plan_segments, Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, ScheduleEntry, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
@@ -184,18 +185,12 @@ def _check_job(
             "with attn_type='sdpa', or 'flex'/'varlen' with "
             "attn_mask_type='block_causal'"
         )
-    if parallelism.pipeline_parallel_schedule_csv:
-        problems.append(
-            "parallelism.pipeline_parallel_schedule_csv is set; Seq1F1B generates its "
-            "own order, so leave it empty"
-        )
-    if job_config.compile.enable and "model" in job_config.compile.components:
-        problems.append(
-            "compile.enable with compile.components including 'model' is not supported "
-            "with Seq1F1B: the segment-aware attention reads per-unit state that "
-            "torch.compile would specialise on; set compile.enable=false or "
-            "compile.components=['loss']"
-        )
+    problems += shared_problems(
+        parallelism,
+        job_config.compile,
+        options.num_segments,
+        "set compile.enable=false or compile.components=['loss']",
+    )
     validation = job_config.validation
     if validation.enable and validation.seq_len != job_config.training.seq_len:
         problems.append(
@@ -203,8 +198,6 @@ def _check_job(
             f"{job_config.training.seq_len}; the segment plan serves both, so set "
             "them equal"
         )
-    if options.num_segments < 1:
-        problems.append(f"seq1f1b.num_segments={options.num_segments} must be >= 1")
     batch, microbatch = (
         job_config.training.local_batch_size,
         parallelism.pipeline_parallel_microbatch_size,

@@ -20,6 +20,7 @@ from torchtitan.tools import utils
 from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.attention import check_backend, KernelTarget
+from torchtitan_seq1f1b.integration.config_problems import shared_problems
 from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
@@ -89,18 +90,12 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
             f"--parallelism.pipeline_parallel_schedule {entry.layout_of}, or "
             f"--seq1f1b.schedule {NO_SCHEDULE} for torchtitan's own schedule"
         )
-    if parallelism.pipeline_parallel_schedule_csv:
-        problems.append(
-            "parallelism.pipeline_parallel_schedule_csv is set; Seq1F1B generates its "
-            "own order, so leave it empty"
-        )
-    if config.compile.enable and "model" in config.compile.components:
-        problems.append(
-            "compile.enable with compile.components including 'model' is not supported "
-            "with Seq1F1B: the segment-aware attention reads per-unit state that "
-            "torch.compile would specialise on; drop --compile.enable or set "
-            "--compile.components loss"
-        )
+    problems += shared_problems(
+        parallelism,
+        config.compile,
+        options.num_segments,
+        "drop --compile.enable or set --compile.components loss",
+    )
     if options.schedule in SPLIT_BACKWARD_SCHEDULES and isinstance(
         config.activation_checkpoint, SelectiveAC.Config
     ):
@@ -111,9 +106,7 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
             "use activation_checkpoint:full or activation_checkpoint:none, or "
             "seq1f1b.schedule='Seq1F1B'"
         )
-    if options.num_segments < 1:
-        problems.append(f"seq1f1b.num_segments={options.num_segments} must be >= 1")
-    elif spec is not None:
+    if options.num_segments >= 1 and spec is not None:
         try:
             plan = segment_plan_for(
                 options, config.training.seq_len, parallelism.tensor_parallel_degree, spec.model

@@ -1,0 +1,35 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Config problems every adapter checks alike, on fields torchtitan 0.2.2 and 0.3 share.
+
+``parallelism.pipeline_parallel_schedule_csv``, ``compile.enable`` /
+``compile.components`` and ``seq1f1b.num_segments`` have the same names and
+meaning in both releases; only how a user sets them differs (a TOML key or a
+flag), which ``compile_fix`` words.
+"""
+
+from typing import Any
+
+__all__ = ["shared_problems"]
+
+
+def shared_problems(
+    parallelism: Any, compile_config: Any, num_segments: int, compile_fix: str
+) -> list[str]:
+    """What a Seq1F1B job cannot run in these fields, one message per problem."""
+    problems = []
+    if parallelism.pipeline_parallel_schedule_csv:
+        problems.append(
+            "parallelism.pipeline_parallel_schedule_csv is set; Seq1F1B generates its "
+            "own order, so leave it empty"
+        )
+    if compile_config.enable and "model" in compile_config.components:
+        problems.append(
+            "compile.enable with compile.components including 'model' is not supported "
+            "with Seq1F1B: the segment-aware attention reads per-unit state that "
+            f"torch.compile would specialise on; {compile_fix}"
+        )
+    if num_segments < 1:
+        problems.append(f"seq1f1b.num_segments={num_segments} must be >= 1")
+    return problems
