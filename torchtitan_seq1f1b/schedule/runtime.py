@@ -276,6 +276,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         if self.loss_normalizer is not None:
             return self.loss_normalizer
         if self._normalize_loss:
-            valid = sum(int((t != self._ignore_index).sum()) for t in targets)
+            # One host sync for the step, not one per microbatch.
+            valid = int(sum((t != self._ignore_index).sum() for t in targets))
             return float(max(valid, 1))
         return 1.0
