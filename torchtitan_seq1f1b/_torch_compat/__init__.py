@@ -51,6 +51,10 @@ check_torch_version()
 
 # The action IR, the send/receive lowering, the runtime base class and its
 # simulator mean the same in every tested torch.
+from torch.distributed.pipelining._backward import (  # noqa: E402
+    stage_backward_input,
+    stage_backward_weight,
+)
 from torch.distributed.pipelining.schedules import (  # noqa: E402
     _Action,
     _add_send_recv,
@@ -86,6 +90,8 @@ __all__ = [
     "resize_recv_buffers",
     "runtime_validation_disabled",
     "set_finalize_gradients",
+    "stage_backward_input",
+    "stage_backward_weight",
     "stage_outputs",
     "wrap_stage_compute",
 ]

@@ -4,7 +4,8 @@
 """A small llama-style causal transformer that splits into pipeline stages.
 
 It uses global RoPE positions, GQA, SwiGLU and RMSNorm like torchtitan's
-llama3, with :class:`SegmentAwareAttention` as its attention op, so the same
+llama3 (:class:`~torchtitan_seq1f1b.planner.llama_block.LlamaBlock`, whose attention op
+is :class:`SegmentAwareAttention`), so the same
 weights train unsplit (positions default to 0..L-1) and under Seq1F1B.
 """
 
@@ -21,7 +22,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from torchtitan_seq1f1b.attention import SegmentAwareAttention
+from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
 __all__ = [
@@ -70,53 +71,6 @@ class TinyTransformerArgs:
         )
 
 
-def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """RoPE on x: (batch, seq_len, heads, head_dim) at positions: (1 or batch, seq_len)."""
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, device=x.device, dtype=x.dtype) / half)
-    angles = positions.to(x.dtype)[..., None] * freqs  # (b, seq_len, half)
-    cos, sin = angles.cos()[:, :, None], angles.sin()[:, :, None]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-class Attention(nn.Module):
-    def __init__(self, args: TinyTransformerArgs):
-        super().__init__()
-        self.head_dim = args.dim // args.n_heads
-        self.theta = args.rope_theta
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
-        self.inner_attention = SegmentAwareAttention(args.attention_backend)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq_len, -1, self.head_dim)
-        v = self.wv(x).view(batch, seq_len, -1, self.head_dim)
-        q, k = _rotate(q, positions, self.theta), _rotate(k, positions, self.theta)
-        out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
-
-
-class Block(nn.Module):
-    def __init__(self, args: TinyTransformerArgs):
-        super().__init__()
-        self.attention_norm = nn.RMSNorm(args.dim)
-        self.attention = Attention(args)
-        self.ffn_norm = nn.RMSNorm(args.dim)
-        self.w1 = nn.Linear(args.dim, args.ffn_hidden_dim, bias=False)
-        self.w2 = nn.Linear(args.ffn_hidden_dim, args.dim, bias=False)
-        self.w3 = nn.Linear(args.dim, args.ffn_hidden_dim, bias=False)
-
-    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        h = h + self.attention(self.attention_norm(h), positions)
-        x = self.ffn_norm(h)
-        return h + self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TinyTransformer(nn.Module):
     """tokens (batch, seq_len) -> logits (batch, seq_len, vocab_size).
 
@@ -129,7 +83,12 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict(
+            {
+                str(i): LlamaBlock(args.cost(), args.rope_theta, args.attention_backend)
+                for i in range(args.n_layers)
+            }
+        )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
 

@@ -15,7 +15,7 @@ __all__ = ["shared_problems"]
 
 
 def shared_problems(
-    parallelism: Any, compile_config: Any, num_segments: int, compile_fix: str
+    parallelism: Any, compile_config: Any, num_segments: int | str, compile_fix: str
 ) -> list[str]:
     """What a Seq1F1B job cannot run in these fields, one message per problem."""
     problems = []
@@ -30,6 +30,8 @@ def shared_problems(
             "with Seq1F1B: the segment-aware attention reads per-unit state that "
             f"torch.compile would specialise on; {compile_fix}"
         )
-    if num_segments < 1:
-        problems.append(f"seq1f1b.num_segments={num_segments} must be >= 1")
+    if num_segments != "auto" and not (isinstance(num_segments, int) and num_segments >= 1):
+        problems.append(
+            f"seq1f1b.num_segments={num_segments!r} must be an integer >= 1 or 'auto'"
+        )
     return problems

@@ -17,18 +17,32 @@ __all__ = ["Seq1F1B"]
 
 @dataclass
 class Seq1F1B:
-    num_segments: int = 4
+    num_segments: int | Literal["auto"] = 4
     """
     Segments k every microbatch's sequence is cut into. The first pipeline
     stage then holds (p + k - 1) / k microbatches of activations instead of p,
-    and the bubble shrinks from (p-1)/(m+p-1) to (p-1)/(m*k+p-1).
+    and the bubble shrinks from (p-1)/(m+p-1) to (p-1)/(m*k+p-1). "auto" lets
+    the planner pick k (1 to 16): it times one block and the LM head of the
+    model on this device (cached), predicts every plan's step time and memory
+    under the schedule's real order, and takes the fastest that fits
+    memory_budget_gib; the job logs the choice and the runners-up.
     """
 
-    partition: Literal["balanced", "uniform"] = "balanced"
+    partition: Literal["balanced", "uniform", "time", "auto"] = "balanced"
     """
     How the sequence is cut. "balanced" gives early segments more tokens so
     that every segment costs the same FLOPs under causal attention (computed
-    from the model's real dims and training.seq_len); "uniform" cuts equal lengths.
+    from the model's real dims and training.seq_len); "uniform" cuts equal
+    lengths; "time" equalises calibrated forward + backward time on this
+    device (attention and GEMMs run at different rates); "auto" lets the
+    planner take whichever of the three is fastest.
+    """
+
+    memory_budget_gib: float | None = None
+    """
+    For num_segments = "auto": activations plus K/V bytes per pipeline rank
+    the plan must fit. Unset: the device's free memory after this rank's
+    parameters, gradients and Adam states (on CPU: free RAM per local rank).
     """
 
     attention_backend: Literal["auto", "flash", "varlen", "sdpa"] = "auto"

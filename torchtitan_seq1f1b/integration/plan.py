@@ -5,32 +5,144 @@
 
 Each adapter reads the options, ``training.seq_len``, the tensor-parallel
 degree and the model's dims out of its release's config and model; the plan
-itself depends on nothing torchtitan-specific.
+itself depends on nothing torchtitan-specific. ``num_segments = "auto"`` and
+the "time" and "auto" partitions run the calibrated planner
+(:mod:`torchtitan_seq1f1b.planner`) on rank 0, which tells every rank its
+choice, so all ranks cut sequences alike.
 """
 
 import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
 
 from torchtitan_seq1f1b.integration.options import Seq1F1B
+from torchtitan_seq1f1b.planner import (
+    AutoPlanRequest,
+    GIB,
+    NoPlanFitsError,
+    PARTITIONS,
+    plan_automatically,
+)
+from torchtitan_seq1f1b.planner.auto import OrderFor
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
-__all__ = ["Seq1F1BConfigError", "plan_segments"]
+__all__ = [
+    "PlannerJob",
+    "heaviest_rank_parameters",
+    "Seq1F1BConfigError",
+    "plan_segments",
+    "planner_problems",
+    "uses_planner",
+]
+
+# Parameters, gradients and Adam's two moments, all fp32.
+_STATE_BYTES_PER_PARAMETER = 16
 
 
 class Seq1F1BConfigError(ValueError):
     """A job config Seq1F1B cannot run, found before any collective."""
 
 
-def plan_segments(options: Seq1F1B, seq_len: int, tp: int, cost: TransformerCost) -> SegmentPlan:
+@dataclass(frozen=True)
+class PlannerJob:
+    """What the planner needs from a job besides its options.
+
+    Args:
+        num_ranks: pipeline ranks.
+        stages_per_rank: stages on every rank.
+        microbatches: microbatches per step.
+        order_for: the schedule class's ``order_for``.
+        device: where this rank computes (calibration runs there on rank 0).
+        dtype: the compute dtype of activations.
+        microbatch_size: sequences per microbatch.
+        parameters: parameters this rank holds (for the default memory budget).
+        state_shards: how many ranks share each parameter's states (FSDP).
+    """
+
+    num_ranks: int
+    stages_per_rank: int
+    microbatches: int
+    order_for: OrderFor
+    device: torch.device
+    dtype: torch.dtype
+    microbatch_size: int
+    parameters: int
+    state_shards: int = 1
+
+    def free_bytes(self) -> int:
+        """Memory left on this rank's device for activations and K/V."""
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // local_ranks
+        states = self.parameters * _STATE_BYTES_PER_PARAMETER // self.state_shards
+        return free - states
+
+
+def heaviest_rank_parameters(
+    model: nn.Module, module_names_per_stage: list[list[str]], num_ranks: int
+) -> int:
+    """Parameters of the largest stage times stages per rank: a bound on any rank's share.
+
+    ``model`` may be on the meta device; names are its submodules', per stage.
+    """
+    per_stage = [
+        sum(p.numel() for name in names for p in model.get_submodule(name).parameters())
+        for names in module_names_per_stage
+    ]
+    return max(per_stage) * (len(per_stage) // num_ranks)
+
+
+def uses_planner(options: Seq1F1B) -> bool:
+    """Whether the options leave k or the partition to the calibrated planner."""
+    return options.num_segments == "auto" or options.partition in ("time", "auto")
+
+
+def planner_problems(options: Seq1F1B) -> list[str]:
+    """What is wrong with the planner options, found from the config alone."""
+    problems = []
+    if options.partition not in (*PARTITIONS, "auto"):
+        problems.append(
+            f"seq1f1b.partition={options.partition!r} must be one of {(*PARTITIONS, 'auto')}"
+        )
+    budget = options.memory_budget_gib
+    if budget is not None and not budget > 0:
+        problems.append(f"seq1f1b.memory_budget_gib={budget} must be > 0 (or unset)")
+    if options.segment_lengths and uses_planner(options):
+        problems.append(
+            f"seq1f1b.segment_lengths={options.segment_lengths} fixes the plan, but "
+            f"num_segments={options.num_segments!r} / partition={options.partition!r} ask the "
+            "planner for one; drop segment_lengths or set an integer num_segments and "
+            "partition 'balanced' or 'uniform'"
+        )
+    return problems
+
+
+def plan_segments(
+    options: Seq1F1B,
+    seq_len: int,
+    tp: int,
+    cost: TransformerCost,
+    job: PlannerJob | None = None,
+    log: Callable[[str], None] = print,
+) -> SegmentPlan:
     """The plan ``options`` ask for at ``seq_len`` tokens per sequence.
 
     Segment lengths are multiples of ``lcm(options.align, tp)`` (sequence
     parallel shards every segment over the TP ranks); ``cost`` prices
-    segments for the "balanced" partition. Raises :class:`Seq1F1BConfigError`
-    naming the options when no such plan exists.
+    segments for the "balanced" partition. Options that use the planner need
+    ``job`` and, under torch.distributed, every rank calling together. Raises
+    :class:`Seq1F1BConfigError` naming the options when no such plan exists.
     """
     align = math.lcm(options.align, tp)
     where = (
-        f"seq1f1b.num_segments={options.num_segments}, seq1f1b.partition="
+        f"seq1f1b.num_segments={options.num_segments!r}, seq1f1b.partition="
         f"{options.partition!r}, seq1f1b.align={options.align} (x tp={tp}), "
         f"training.seq_len={seq_len}"
     )
@@ -42,13 +154,89 @@ def plan_segments(options: Seq1F1B, seq_len: int, tp: int, cost: TransformerCost
                     f"{sum(options.segment_lengths)}, not {seq_len}"
                 )
             return SegmentPlan.from_lengths(options.segment_lengths, align)
-        if options.num_segments * align > seq_len:
+        if options.num_segments != "auto" and options.num_segments * align > seq_len:
             raise ValueError(
                 f"{options.num_segments} segments of at least {align} tokens do not "
                 f"fit in {seq_len}; lower num_segments or align"
             )
+        if uses_planner(options):
+            if job is None:
+                raise ValueError("the planner needs the job's layout (PlannerJob)")
+            return _planned(options, seq_len, align, cost, job, log)
         if options.partition == "uniform":
             return SegmentPlan.uniform(seq_len, options.num_segments, align)
         return SegmentPlan.balanced(seq_len, options.num_segments, cost, align)
     except ValueError as error:
         raise Seq1F1BConfigError(f"{where}: {error}") from None
+
+
+def _planned(
+    options: Seq1F1B,
+    seq_len: int,
+    align: int,
+    cost: TransformerCost,
+    job: PlannerJob,
+    log: Callable[[str], None],
+) -> SegmentPlan:
+    """Rank 0 calibrates and chooses; every rank gets its lengths (or its error)."""
+    distributed = dist.is_available() and dist.is_initialized()
+    if options.memory_budget_gib is not None:
+        budget = int(options.memory_budget_gib * GIB)
+    else:
+        budgets = [job.free_bytes()]
+        if distributed:
+            budgets = [None] * dist.get_world_size()
+            dist.all_gather_object(budgets, job.free_bytes())
+        budget = min(budgets)
+    outcome = [None]
+    if not distributed or dist.get_rank() == 0:
+        outcome = [_choose(options, seq_len, align, cost, job, budget)]
+    if distributed:
+        dist.broadcast_object_list(outcome, src=0)
+    lengths, report, error = outcome[0]
+    if error is not None:
+        raise ValueError(error)
+    log(report)
+    return SegmentPlan.from_lengths(lengths, align)
+
+
+def _choose(
+    options: Seq1F1B,
+    seq_len: int,
+    align: int,
+    cost: TransformerCost,
+    job: PlannerJob,
+    budget: int,
+) -> tuple[tuple[int, ...] | None, str | None, str | None]:
+    """(lengths, what to log, None), or (None, None, the error) for every rank to raise."""
+    partitions = PARTITIONS if options.partition == "auto" else (options.partition,)
+    counts = range(1, 17) if options.num_segments == "auto" else (options.num_segments,)
+    request = AutoPlanRequest(
+        shape=cost,
+        seq_len=seq_len,
+        num_ranks=job.num_ranks,
+        stages_per_rank=job.stages_per_rank,
+        microbatches=job.microbatches,
+        order_for=job.order_for,
+        align=align,
+        device=str(job.device),
+        dtype=job.dtype,
+        microbatch_size=job.microbatch_size,
+        attention_backend=options.attention_backend,
+        budget_bytes=budget,
+        partitions=partitions,
+        segment_counts=tuple(counts),
+    )
+    try:
+        chosen = plan_automatically(request)
+    except NoPlanFitsError as error:
+        return None, None, f"seq1f1b.memory_budget_gib={budget / GIB:.3f}: {error}"
+    best = chosen.recommendation.best
+    report = (
+        f"Seq1F1B planner (time model {chosen.calibration_source}): k={best.num_segments} "
+        f"{best.partition}, lengths {list(best.plan.lengths)}, predicted step "
+        f"{best.step_seconds:.4f} s, bubble {best.bubble_fraction:.3f}, peak activations + "
+        f"K/V per rank {[round(b / GIB, 3) for b in best.peak_bytes]} GiB within "
+        f"{budget / GIB:.3f} GiB; best plans:\n{chosen.recommendation.table(5)}"
+    )
+    return best.plan.lengths, report, None

@@ -162,10 +162,19 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         """Set which rank runs each stage; torch's default is the loop ``s % p``."""
 
     def _build_segment_order(self) -> Order:
-        """Every rank's compute order; subclasses replace it with their variant's."""
-        return seq1f1b_order(
-            self._num_stages, self.n_real_microbatches, self.num_segments
+        return self.order_for(
+            self.pp_group_size, len(self._stages), self.n_real_microbatches, self.num_segments
         )
+
+    @classmethod
+    def order_for(
+        cls, num_ranks: int, stages_per_rank: int, n_microbatches: int, num_segments: int
+    ) -> Order:
+        """Every rank's compute order, without building stages (the planner replays it).
+
+        Subclasses return their variant's; this one is Seq1F1B's, one stage per rank.
+        """
+        return seq1f1b_order(num_ranks * stages_per_rank, n_microbatches, num_segments)
 
     def _stage_to_rank(self, stage_index: int) -> int:
         return self.stage_index_to_group_rank[stage_index]

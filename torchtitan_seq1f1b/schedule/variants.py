@@ -44,13 +44,11 @@ class ScheduleInterleavedSeq1F1B(ScheduleSeq1F1B):
     def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
         check_loop_placement(stages, "ScheduleInterleavedSeq1F1B")
 
-    def _build_segment_order(self) -> Order:
-        return interleaved_seq1f1b_order(
-            self.pp_group_size,
-            len(self._stages),
-            self.n_real_microbatches,
-            self.num_segments,
-        )
+    @classmethod
+    def order_for(
+        cls, num_ranks: int, stages_per_rank: int, n_microbatches: int, num_segments: int
+    ) -> Order:
+        return interleaved_seq1f1b_order(num_ranks, stages_per_rank, n_microbatches, num_segments)
 
 
 class ScheduleSeq1F1BZeroBubble(ScheduleSeq1F1B):
@@ -75,9 +73,12 @@ class ScheduleSeq1F1BZeroBubble(ScheduleSeq1F1B):
     def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
         check_one_stage_per_rank(stages, "ScheduleSeq1F1BZeroBubble")
 
-    def _build_segment_order(self) -> Order:
+    @classmethod
+    def order_for(
+        cls, num_ranks: int, stages_per_rank: int, n_microbatches: int, num_segments: int
+    ) -> Order:
         return seq1f1b_zero_bubble_order(
-            self._num_stages, self.n_real_microbatches, self.num_segments
+            num_ranks * stages_per_rank, n_microbatches, num_segments
         )
 
 
@@ -104,7 +105,8 @@ class ScheduleSeq1F1BZBV(ScheduleSeq1F1B):
         for stage in self._stages:
             stage.stage_index_to_group_rank = self.stage_index_to_group_rank
 
-    def _build_segment_order(self) -> Order:
-        return seq1f1b_zbv_order(
-            self.pp_group_size, self.n_real_microbatches, self.num_segments
-        )
+    @classmethod
+    def order_for(
+        cls, num_ranks: int, stages_per_rank: int, n_microbatches: int, num_segments: int
+    ) -> Order:
+        return seq1f1b_zbv_order(num_ranks, n_microbatches, num_segments)

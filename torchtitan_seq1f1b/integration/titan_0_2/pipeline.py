@@ -39,7 +39,13 @@ from torchtitan_seq1f1b.integration.titan_0_2.attention import (
     uses_document_ids,
 )
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
-from torchtitan_seq1f1b.integration.plan import plan_segments, Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.plan import (
+    heaviest_rank_parameters,
+    plan_segments,
+    planner_problems,
+    PlannerJob,
+    Seq1F1BConfigError,
+)
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, ScheduleEntry, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
@@ -69,11 +75,22 @@ def pipeline_llm_seq1f1b(
     # before the first pipeline message.
     _check_job(job_config, parallel_dims, model_args, device)
     module_names = _module_names_per_stage(job_config, parallel_dims, model_args, entry)
-    plan = segment_plan_for(job_config, model, parallel_dims)
     backend = job_config.seq1f1b.attention_backend
     n_microbatches = (
         job_config.training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
     )
+    planner_job = PlannerJob(
+        num_ranks=parallel_dims.pp,
+        stages_per_rank=len(module_names) // parallel_dims.pp,
+        microbatches=n_microbatches,
+        order_for=entry.schedule_class.order_for,
+        device=torch.device(device),
+        dtype=_attention_target(job_config, parallel_dims, model_args, device).dtype,
+        microbatch_size=parallelism.pipeline_parallel_microbatch_size,
+        parameters=heaviest_rank_parameters(model, module_names, parallel_dims.pp),
+        state_shards=parallel_dims.dp_shard if parallel_dims.fsdp_enabled else 1,
+    )
+    plan = segment_plan_for(job_config, model, parallel_dims, planner_job)
 
     stages, model_parts = pipeline_module_split(
         model,
@@ -111,11 +128,20 @@ def pipeline_llm_seq1f1b(
 
 
 def segment_plan_for(
-    job_config: JobConfig, model: nn.Module, parallel_dims: ParallelDims
+    job_config: JobConfig,
+    model: nn.Module,
+    parallel_dims: ParallelDims,
+    planner_job: PlannerJob | None = None,
 ) -> SegmentPlan:
-    """The plan ``[seq1f1b]`` asks for at ``training.seq_len`` (model may be on meta)."""
+    """The plan ``[seq1f1b]`` asks for at ``training.seq_len`` (model may be on meta);
+    ``planner_job`` is needed when the options leave the plan to the planner."""
     return plan_segments(
-        job_config.seq1f1b, job_config.training.seq_len, parallel_dims.tp, _cost_of(model)
+        job_config.seq1f1b,
+        job_config.training.seq_len,
+        parallel_dims.tp,
+        _cost_of(model),
+        planner_job,
+        logger.info,
     )
 
 
@@ -191,6 +217,7 @@ def _check_job(
         options.num_segments,
         "set compile.enable=false or compile.components=['loss']",
     )
+    problems += planner_problems(options)
     validation = job_config.validation
     if validation.enable and validation.seq_len != job_config.training.seq_len:
         problems.append(

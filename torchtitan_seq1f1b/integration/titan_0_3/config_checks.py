@@ -21,12 +21,18 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
-from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.plan import planner_problems, Seq1F1BConfigError, uses_planner
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.plan import segment_plan_for
 
-__all__ = ["MODEL_NAMES", "check_attention_backend", "check_config", "runs_seq1f1b"]
+__all__ = [
+    "MODEL_NAMES",
+    "check_attention_backend",
+    "check_config",
+    "compute_dtype",
+    "runs_seq1f1b",
+]
 
 # Models whose layers Seq1F1B knows (attention.inner_attention, a SwiGLU MLP).
 MODEL_NAMES = ("llama3",)
@@ -106,7 +112,10 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
             "use activation_checkpoint:full or activation_checkpoint:none, or "
             "seq1f1b.schedule='Seq1F1B'"
         )
-    if options.num_segments >= 1 and spec is not None:
+    problems += planner_problems(options)
+    # A planned plan is chosen on the device, in the pipelining function.
+    fixed_k = isinstance(options.num_segments, int) and options.num_segments >= 1
+    if fixed_k and not uses_planner(options) and spec is not None:
         try:
             plan = segment_plan_for(
                 options, config.training.seq_len, parallelism.tensor_parallel_degree, spec.model
@@ -131,6 +140,17 @@ def _chunked_loss_problems(config: Trainer.Config, lengths: tuple[int, ...]) -> 
     ]
 
 
+def compute_dtype(training: TrainingConfig, parallel_dims: ParallelDims) -> torch.dtype:
+    """The dtype activations are computed in.
+
+    torchtitan casts parameters to ``training.mixed_precision_param`` only
+    through FSDP; otherwise they keep ``training.dtype``.
+    """
+    return TORCH_DTYPE_MAP[
+        training.mixed_precision_param if parallel_dims.fsdp_enabled else training.dtype
+    ]
+
+
 def check_attention_backend(
     options: Seq1F1BSection,
     training: TrainingConfig,
@@ -138,14 +158,8 @@ def check_attention_backend(
     head_dim: int,
     device: torch.device,
 ) -> None:
-    """Raise :class:`Seq1F1BConfigError` if ``seq1f1b.attention_backend`` cannot run here.
-
-    torchtitan casts parameters to ``training.mixed_precision_param`` only
-    through FSDP; otherwise they keep ``training.dtype``.
-    """
-    dtype = TORCH_DTYPE_MAP[
-        training.mixed_precision_param if parallel_dims.fsdp_enabled else training.dtype
-    ]
+    """Raise :class:`Seq1F1BConfigError` if ``seq1f1b.attention_backend`` cannot run here."""
+    dtype = compute_dtype(training, parallel_dims)
     try:
         check_backend(options.attention_backend, KernelTarget(torch.device(device), dtype, head_dim))
     except ValueError as error:

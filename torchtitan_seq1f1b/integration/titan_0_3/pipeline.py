@@ -38,7 +38,11 @@ from torchtitan.protocols.model_spec import ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
-from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_attention_backend
+from torchtitan_seq1f1b.integration.plan import heaviest_rank_parameters, PlannerJob
+from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
+    check_attention_backend,
+    compute_dtype,
+)
 from torchtitan_seq1f1b.integration.titan_0_3.contiguous import send_contiguous
 from torchtitan_seq1f1b.integration.titan_0_3.attention import make_segment_aware, MASKS_KWARG
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
@@ -94,14 +98,27 @@ def pipeline_llm_seq1f1b(
         attention.head_dim or attention.dim // attention.n_heads,
         device,
     )
-    plan = segment_plan_for(options, training.seq_len, parallel_dims.tp, model_config)
-
     # Stage counts are checked against pipeline_parallel_schedule, a torch name.
     num_stages, num_layers, input_weight, output_weight = _get_pipeline_metadata(
         parallel_dims, parallelism, model_config
     )
     module_names = parallelism.module_fqns_per_model_part or _generate_llm_fqn_per_model_part(
         num_stages, num_layers, input_weight, output_weight
+    )
+    n_microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
+    planner_job = PlannerJob(
+        num_ranks=parallel_dims.pp,
+        stages_per_rank=len(module_names) // parallel_dims.pp,
+        microbatches=n_microbatches,
+        order_for=entry.schedule_class.order_for,
+        device=torch.device(device),
+        dtype=compute_dtype(training, parallel_dims),
+        microbatch_size=parallelism.pipeline_parallel_microbatch_size,
+        parameters=heaviest_rank_parameters(model, module_names, parallel_dims.pp),
+        state_shards=parallel_dims.dp_shard if parallel_dims.fsdp_enabled else 1,
+    )
+    plan = segment_plan_for(
+        options, training.seq_len, parallel_dims.tp, model_config, planner_job
     )
     make_segment_aware(model, options.attention_backend)
     stages, model_parts = _pipeline_module_split(
@@ -116,7 +133,6 @@ def pipeline_llm_seq1f1b(
         model_parts[i] = stages[i].submod = parallelize_fn(part, **parallelize_kwargs)
         send_contiguous(model_parts[i])
 
-    n_microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
     schedule = entry.schedule_class(
         stages,
         n_microbatches=n_microbatches,

@@ -4,8 +4,9 @@
 """The segment plan of a torchtitan 0.3 job, from its model config (nothing built)."""
 
 from torchtitan.protocols.model import BaseModel
+from torchtitan.tools.logging import logger
 
-from torchtitan_seq1f1b.integration.plan import plan_segments
+from torchtitan_seq1f1b.integration.plan import plan_segments, PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
@@ -27,8 +28,15 @@ def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
 
 
 def segment_plan_for(
-    options: Seq1F1BSection, seq_len: int, tp: int, model_config: BaseModel.Config
+    options: Seq1F1BSection,
+    seq_len: int,
+    tp: int,
+    model_config: BaseModel.Config,
+    planner_job: PlannerJob | None = None,
 ) -> SegmentPlan:
     """The plan ``options`` ask for at ``training.seq_len``; raises
-    :class:`~torchtitan_seq1f1b.integration.plan.Seq1F1BConfigError` naming them."""
-    return plan_segments(options, seq_len, tp, transformer_cost(model_config))
+    :class:`~torchtitan_seq1f1b.integration.plan.Seq1F1BConfigError` naming them.
+    ``planner_job`` is needed when the options leave the plan to the planner."""
+    return plan_segments(
+        options, seq_len, tp, transformer_cost(model_config), planner_job, logger.info
+    )

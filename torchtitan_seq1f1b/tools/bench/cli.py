@@ -10,6 +10,8 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
+from torchtitan_seq1f1b.planner import GIB, PARTITIONS
+from torchtitan_seq1f1b.tools.bench.auto import auto_row, calibrate_bench_model
 from torchtitan_seq1f1b.tools.simulate import number_at_least, positive_int, write_json
 from torchtitan_seq1f1b.tools.bench.config import (
     BenchConfig,
@@ -45,8 +47,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--segments", "-k", type=positive_int, nargs="+",
                      help="Seq1F1B segment counts (default: 1 2 4 8 for Seq1F1B, 1 2 4 for "
                           "its interleaved and zero-bubble variants; --quick: 1 4)")
-    run.add_argument("--partitions", nargs="+", choices=("uniform", "balanced"),
-                     help="segment lengths for k > 1 (default both; --quick: balanced)")
+    run.add_argument("--partitions", nargs="+", choices=PARTITIONS,
+                     help="segment lengths for k > 1: equal, FLOP-balanced, or balanced by "
+                          "calibrated time (default uniform and balanced; --quick: balanced)")
+    run.add_argument("--auto", action="store_true",
+                     help="add, per Seq1F1B schedule and m, the row the planner picks "
+                          "(k and partition with the least predicted step time)")
+    run.add_argument("--memory-budget-gib", type=float, metavar="GIB",
+                     help="with --auto: activations + K/V bytes per rank the pick must fit")
+    run.add_argument("--no-calibrate", action="store_true",
+                     help="skip timing the model's block and head on this machine (then no "
+                          "calibrated predictions, no --auto, no time partition)")
     run.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES),
                      metavar="NAME", help=f"rows to run (default all: {', '.join(SCHEDULES)})")
     run.add_argument("--steps", type=positive_int, help="timed steps per row (default 5; --quick: 2)")
@@ -133,13 +144,38 @@ def _config_from_args(
         warmup_steps=preset.warmup_steps if args.warmup_steps is None else args.warmup_steps,
     )
     partitions = args.partitions or preset.partitions
+    if args.no_calibrate and (args.auto or "time" in partitions):
+        parser.error("--auto and --partitions time need the calibration; drop --no-calibrate")
+    if args.memory_budget_gib is not None and not args.auto:
+        parser.error("--memory-budget-gib bounds the --auto pick; add --auto")
     return config, plan_rows(args.schedules, microbatches, segments, partitions)
+
+
+def _add_planner(args: argparse.Namespace, config: BenchConfig, rows: list[BenchRow]):
+    """Calibrate (or read the cache), then append the planner's pick per schedule and m."""
+    time_model, source = calibrate_bench_model(config)
+    print(f"time model: {source}", flush=True)
+    config = dataclasses.replace(config, time_model=time_model)
+    if not args.auto:
+        return config, rows
+    budget = None if args.memory_budget_gib is None else int(args.memory_budget_gib * GIB)
+    picked = []
+    for m in dict.fromkeys(row.microbatches for row in rows):
+        for name in dict.fromkeys(row.schedule for row in rows):
+            if not SCHEDULES[name].segmented:
+                continue
+            row, recommendation = auto_row(config, name, m, budget)
+            print(f"planner, {name} m={m}:\n{recommendation.table()}", flush=True)
+            picked.append(row)
+    return config, rows + picked
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     config, rows = _config_from_args(parser, args)
+    if not args.no_calibrate:
+        config, rows = _add_planner(args, config, rows)
     print(f"running {len(rows)} rows on {config.pp} gloo ranks...", flush=True)
     started = time.perf_counter()
     records = run_bench(config, rows, timeout=args.timeout)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs
+from torchtitan_seq1f1b.planner import segment_plan, TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 from torchtitan_seq1f1b.tools.bench.schedules import BenchSchedule, SCHEDULES
 from torchtitan_seq1f1b.tools.model_shapes import embedding_params, final_norm_params, layer_params
@@ -35,6 +36,8 @@ class BenchConfig:
         steps: timed steps per row (the median is reported).
         warmup_steps: untimed steps first (shape inference, allocator warm-up).
         seed: weights and tokens.
+        time_model: the model's calibrated unit times on this machine (one
+            thread): the "time" partition, "auto" rows and calibrated predictions.
     """
 
     model: TinyTransformerArgs
@@ -44,6 +47,7 @@ class BenchConfig:
     steps: int = 5
     warmup_steps: int = 1
     seed: int = 0
+    time_model: TimeModel | None = None
 
     def describe(self) -> dict:
         args, shape = self.model, self.model.cost()
@@ -69,27 +73,37 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One measured configuration: a schedule, m, and (Seq1F1B) k and partition."""
+    """One measured configuration: a schedule, m, and (Seq1F1B) k and partition.
+
+    ``auto``: k and partition are the planner's choice for this schedule and m.
+    """
 
     schedule: str
     microbatches: int
     segments: int = 1
     partition: str | None = None
+    auto: bool = False
 
     @property
     def spec(self) -> BenchSchedule:
         return SCHEDULES[self.schedule]
 
     def plan(self, config: BenchConfig) -> SegmentPlan:
-        if self.partition == "balanced":
-            return SegmentPlan.balanced(config.seq_len, self.segments, config.model.cost())
-        return SegmentPlan.uniform(config.seq_len, self.segments)
+        return segment_plan(
+            self.partition or "uniform",
+            config.seq_len,
+            self.segments,
+            config.model.cost(),
+            config.time_model,
+            config.model.n_layers,
+        )
 
     def label(self) -> str:
         if not self.spec.segmented:
             return self.schedule
         partition = f" {self.partition}" if self.segments > 1 else ""
-        return f"{self.schedule} k={self.segments}{partition}"
+        chosen = " (auto)" if self.auto else ""
+        return f"{self.schedule} k={self.segments}{partition}{chosen}"
 
 
 def plan_rows(

@@ -14,6 +14,7 @@ from torchtitan_seq1f1b.tools.simulate import (
     simulate,
     SimResult,
 )
+from torchtitan_seq1f1b.tools.bench.auto import calibrated_estimate
 from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
 
 __all__ = ["activation_peaks", "add_comparisons", "memory_model", "predict"]
@@ -39,8 +40,8 @@ def memory_model(microbatch_size: int = 1) -> MemoryModel:
 
 
 def predict(config: BenchConfig, row: BenchRow) -> SimResult | None:
-    """The simulator's result for ``row``, or None if it does not model that schedule."""
-    if row.schedule not in SIMULATED_SCHEDULES:
+    """The simulator's FLOP-priced result for ``row``, or None if it does not model it."""
+    if row.schedule not in SIMULATED_SCHEDULES or row.partition == "time":
         return None
     try:
         sim_config = SimConfig(
@@ -65,8 +66,35 @@ def activation_peaks(result: SimResult) -> list[int]:
     return [r.peak_memory_bytes - r.model_state_bytes for r in result.ranks]
 
 
+def _add_calibrated(config: BenchConfig, rows: list[BenchRow], records: list[dict]) -> None:
+    """The planner's calibrated step time, bubble and per-rank peaks, and their ratios to 1F1B."""
+    estimates = [
+        calibrated_estimate(config, row) if row.schedule in SIMULATED_SCHEDULES else None
+        for row in rows
+    ]
+    baselines = {
+        row.microbatches: found
+        for row, found in zip(rows, estimates)
+        if row.schedule == BASELINE
+    }
+    for row, record, found in zip(rows, records, estimates):
+        if found is None:
+            continue
+        record["calibrated"] = {
+            "step_seconds": found.step_seconds,
+            "bubble_fraction": found.bubble_fraction,
+            "peak_bytes": list(found.peak_bytes),
+        }
+        base = baselines.get(row.microbatches)
+        if base is not None:
+            record["calibrated"]["step_time_ratio"] = found.step_seconds / base.step_seconds
+            record["calibrated"]["peak_ratio"] = found.peak_bytes[0] / base.peak_bytes[0]
+
+
 def add_comparisons(config: BenchConfig, rows: list[BenchRow], records: list[dict]) -> None:
     """Ratios against 1F1B (same m), measured and simulated, added to each record."""
+    if config.time_model is not None:
+        _add_calibrated(config, rows, records)
     baselines = {
         row.microbatches: (record, predict(config, row))
         for row, record in zip(rows, records)

@@ -86,6 +86,7 @@ def row_record(config: BenchConfig, row: BenchRow, runs: list[RankRun]) -> dict:
         "microbatches": row.microbatches,
         "segments": row.segments,
         "partition": row.partition,
+        "auto": row.auto,
         "segment_lengths": list(row.plan(config).lengths) if row.spec.segmented else None,
         "step_time_s": statistics.median(step_times),
         "step_times_s": step_times,

@@ -25,20 +25,25 @@ def print_table(config: BenchConfig, records: list[dict]) -> None:
         f"seq_len={config.seq_len} microbatch_size={config.microbatch_size} pp={config.pp}; "
         f"median of {config.steps} steps after {config.warmup_steps} warm-up"
     )
-    print("ratios are against torch Schedule1F1B with the same m; sim = simulator prediction")
+    print(
+        "ratios are against torch Schedule1F1B with the same m; sim = simulator (FLOP-priced), "
+        "cal = simulator with the calibrated time model"
+    )
     header = (
-        f"{'schedule':<32} {'m':>2} {'step s':>7} {'x1F1B':>6} {'sim':>6} "
+        f"{'schedule':<36} {'m':>2} {'step s':>7} {'x1F1B':>6} {'sim':>6} {'cal':>6} "
         f"{'bubble':>6} {'sim':>6} {'r0 act MiB':>10} {'x1F1B':>6} {'sim':>6}  act MiB per rank"
     )
     print(header)
     print("-" * len(header))
     for rec in records:
         predicted = rec.get("predicted") or {}
+        calibrated = rec.get("calibrated") or {}
         peaks = " ".join(f"{b / MIB:7.1f}" for b in rec["peak_activation_bytes"])
         print(
-            f"{rec['label']:<32} {rec['microbatches']:>2} {rec['step_time_s']:>7.3f} "
+            f"{rec['label']:<36} {rec['microbatches']:>2} {rec['step_time_s']:>7.3f} "
             f"{_fmt(rec.get('step_time_ratio'), '6.3f'):>6} "
             f"{_fmt(predicted.get('step_time_ratio'), '6.3f'):>6} "
+            f"{_fmt(calibrated.get('step_time_ratio'), '6.3f'):>6} "
             f"{rec['bubble_fraction']:>6.3f} {_fmt(predicted.get('bubble_fraction'), '6.3f'):>6} "
             f"{rec['peak_activation_bytes'][0] / MIB:>10.1f} "
             f"{_fmt(rec.get('peak_activation_ratio'), '6.3f'):>6} "

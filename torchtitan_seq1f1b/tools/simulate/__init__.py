@@ -10,7 +10,14 @@ compares the memory model with the Seq1F1B paper's published figure. Run
 models, and how the paper's layouts were inferred: docs/simulator.md.
 """
 
-from torchtitan_seq1f1b.tools.simulate.cli import main, number_at_least, positive_int, write_json
+from torchtitan_seq1f1b.tools.simulate.cli import (
+    add_model_arguments,
+    main,
+    model_from_args,
+    number_at_least,
+    positive_int,
+    write_json,
+)
 from torchtitan_seq1f1b.tools.simulate.config import MemoryModel, schedule_order, SimConfig
 from torchtitan_seq1f1b.tools.simulate.paper import PAPER_CONFIGS, PaperConfig, run_paper
 from torchtitan_seq1f1b.tools.simulate.schedules import (
@@ -33,8 +40,10 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "action_duration",
+    "add_model_arguments",
     "analytic_bubble",
     "main",
+    "model_from_args",
     "number_at_least",
     "positive_int",
     "run_paper",

@@ -82,21 +82,10 @@ def _parser() -> argparse.ArgumentParser:
             "ends with a legend of its columns."
         ),
     )
-    model = parser.add_argument_group("model (a preset, or explicit dims)")
-    model.add_argument("--model", choices=sorted(MODEL_PRESETS),
-                       help=f"named model shape (default {DEFAULT_SHAPE['model']} unless "
-                            "--layers/--dim/--heads are given)")
-    for flag, help_text in (
-        ("--layers", "transformer blocks"),
-        ("--dim", "model width"),
-        ("--heads", "query heads"),
-        ("--kv-heads", "K/V heads (default: --heads)"),
-        ("--ffn-dim", "MLP hidden width (default: 4 * --dim)"),
-        ("--vocab", "vocabulary size (default 128256)"),
-    ):
-        model.add_argument(flag, type=positive_int, help=help_text)
-    model.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
-                       help="SwiGLU MLP (explicit dims only; default on)")
+    add_model_arguments(
+        parser, f"named model shape (default {DEFAULT_SHAPE['model']} unless "
+        "--layers/--dim/--heads are given)"
+    )
 
     run = parser.add_argument_group("parallelism and schedule")
     run.add_argument("--seq-len", type=positive_int,
@@ -112,7 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--chunks", "-v", "--v", type=positive_int, default=None,
                      help="stages (model chunks) per rank of the multi-stage schedules "
                           "(default 2); the others run 1")
-    run.add_argument("--partition", choices=PARTITIONS, default="balanced",
+    # "time" needs a calibrated time model: the bench and the planner command have one.
+    run.add_argument("--partition", choices=[p for p in PARTITIONS if p != "time"],
+                     default="balanced",
                      help="segment lengths: equal, equal forward FLOPs, or equal FLOPs under "
                           "dense causal attention even with --documents")
     run.add_argument("--documents", type=document_lengths, metavar="SPEC",
@@ -150,9 +141,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_from_args(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[str, TransformerCost]:
+def add_model_arguments(parser: argparse.ArgumentParser, model_help: str) -> None:
+    """The model shape options: ``--model`` (a preset) or explicit dims."""
+    model = parser.add_argument_group("model (a preset, or explicit dims)")
+    model.add_argument("--model", choices=sorted(MODEL_PRESETS), help=model_help)
+    for flag, help_text in (
+        ("--layers", "transformer blocks"),
+        ("--dim", "model width"),
+        ("--heads", "query heads"),
+        ("--kv-heads", "K/V heads (default: --heads)"),
+        ("--ffn-dim", "MLP hidden width (default: 4 * --dim)"),
+        ("--vocab", "vocabulary size (default 128256)"),
+    ):
+        model.add_argument(flag, type=positive_int, help=help_text)
+    model.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
+                       help="SwiGLU MLP (explicit dims only; default on)")
+
+
+def model_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, default: str | None
+) -> tuple[str, TransformerCost] | None:
+    """The shape :func:`add_model_arguments` options give; ``default`` names the preset
+    taken when none is given (None: return None)."""
     dims = {"--layers": args.layers, "--dim": args.dim, "--heads": args.heads}
     extras = (args.kv_heads, args.ffn_dim, args.vocab, args.gated_mlp)
     explicit = any(v is not None for v in (*dims.values(), *extras))
@@ -161,8 +171,8 @@ def _model_from_args(
             parser.error(
                 "give either --model or explicit dims (--layers/--dim/--heads...), not both"
             )
-        name = args.model or DEFAULT_SHAPE["model"]
-        return name, get_preset(name)
+        name = args.model or default
+        return None if name is None else (name, get_preset(name))
     missing = [flag for flag, value in dims.items() if value is None]
     if missing:
         parser.error(
@@ -205,7 +215,7 @@ def _chunks_per_schedule(
 def _configs_from_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> list[SimConfig]:
-    model_name, model = _model_from_args(parser, args)
+    model_name, model = model_from_args(parser, args, DEFAULT_SHAPE["model"])
     for option in ("seq_len", "pp", "microbatches"):
         if getattr(args, option) is None:
             setattr(args, option, DEFAULT_SHAPE[option])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from torchtitan_seq1f1b.actions import Order
+from torchtitan_seq1f1b.planner import segment_plan, TimeModel
 from torchtitan_seq1f1b.segmenting import (
     DocumentLengths,
     PackedDocumentsCost,
@@ -17,7 +18,7 @@ from torchtitan_seq1f1b.tools.simulate.schedules import SCHEDULE_SPECS, SCHEDULE
 
 __all__ = ["PARTITIONS", "MemoryModel", "SimConfig", "schedule_order"]
 
-PARTITIONS = ("uniform", "causal-balanced", "balanced")
+PARTITIONS = ("uniform", "causal-balanced", "balanced", "time")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class SimConfig:
     schedules). ``backward_split`` sets the I/W costs of split backwards:
     "equal" (I = W = F) or "flops" (W = weight-gradient FLOPs).
     ``p2p_latency`` is in forwards of one microbatch on one rank.
+    ``time_model``: calibrated unit times (:mod:`torchtitan_seq1f1b.planner`);
+    with it, actions take their measured seconds (the head on the last stage),
+    ``p2p_latency`` is in seconds, and the "time" partition is available.
     """
 
     model: TransformerCost
@@ -81,6 +85,7 @@ class SimConfig:
     model_name: str = "custom"
     documents: DocumentLengths | None = None
     documents_name: str = "custom"
+    time_model: TimeModel | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_SPECS:
@@ -96,6 +101,11 @@ class SimConfig:
             raise ValueError(f"v={self.v} stages per rank: {problem}")
         if self.partition not in PARTITIONS:
             raise ValueError(f"partition={self.partition!r} must be one of {PARTITIONS}")
+        if self.partition == "time" and self.time_model is None:
+            raise ValueError(
+                'partition="time" balances calibrated unit times: give a time_model '
+                "(python -m torchtitan_seq1f1b.plan and the bench calibrate one)"
+            )
         if self.backward_split not in ("equal", "flops"):
             raise ValueError(
                 f"backward_split={self.backward_split!r} must be 'equal' or 'flops'"
@@ -146,6 +156,11 @@ class SimConfig:
         k = self.num_segments
         if self.partition == "uniform" or k == 1:
             return SegmentPlan.uniform(self.seq_len, k, self.segment_align)
+        if self.partition == "time":
+            return segment_plan(
+                "time", self.seq_len, k, self.model, self.time_model, self.model.n_layers,
+                self.segment_align,
+            )
         cost = self.model if self.partition == "causal-balanced" else self.segment_cost
         return SegmentPlan.balanced(self.seq_len, k, cost, self.segment_align)
 

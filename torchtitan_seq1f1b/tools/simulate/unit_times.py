@@ -53,7 +53,21 @@ def unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
 
 
 def action_duration(config: SimConfig, plan: SegmentPlan) -> Callable[[SegmentAction], float]:
-    """Time of one action: its kind's :func:`unit_times` scaled by its stage's share of blocks."""
+    """Time of one action: its kind's :func:`unit_times` scaled by its stage's share of blocks,
+    or, with a calibrated ``config.time_model``, its measured seconds on its stage."""
+    if config.time_model is not None:
+        return _calibrated_duration(config, plan)
     times = unit_times(config, plan)
     stage_share = [n * config.pp / config.model.n_layers for n in config.layers_per_stage()]
     return lambda action: times[action.kind][action.segment] * stage_share[action.stage]
+
+
+def _calibrated_duration(config: SimConfig, plan: SegmentPlan) -> Callable[[SegmentAction], float]:
+    blocks, last = config.layers_per_stage(), config.num_stages - 1
+    return lambda action: config.time_model.unit_seconds(
+        action.kind,
+        plan.lengths[action.segment],
+        plan.ends[action.segment],
+        blocks[action.stage],
+        action.stage == last,
+    )

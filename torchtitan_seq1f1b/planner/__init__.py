@@ -1,0 +1,62 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The calibrated planner: how long units take on this device, and which k and lengths to run.
+
+- :mod:`.calibrate`: time a block and the head of the job's shape, segment by
+  segment, on its device and dtype; fit and cache a :class:`TimeModel`;
+- :mod:`.time_model`: the fitted unit times and per-token bytes;
+- :mod:`.estimate`: one plan's predicted step time, bubble and per-rank
+  memory under a schedule's real order;
+- :mod:`.choose`: segment plans per partition ("time" equalises calibrated
+  time) and the fastest plan within a memory budget;
+- :mod:`.auto`: a job's request, calibrated and chosen in one call.
+
+``python -m torchtitan_seq1f1b.plan`` prints the recommendation; the adapters
+call it for ``num_segments = "auto"``.
+"""
+
+from torchtitan_seq1f1b.planner.auto import AutoPlan, AutoPlanRequest, plan_automatically
+from torchtitan_seq1f1b.planner.calibrate import (
+    CACHE_ENV,
+    cached_calibration,
+    calibrate,
+    CalibrationTarget,
+)
+from torchtitan_seq1f1b.planner.choose import (
+    GIB,
+    NoPlanFitsError,
+    PARTITIONS,
+    PredictedTime,
+    Recommendation,
+    recommend,
+    segment_plan,
+)
+from torchtitan_seq1f1b.planner.estimate import estimate, PipelineShape, PlanEstimate
+from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
+from torchtitan_seq1f1b.planner.time_model import causal_pairs, fit_unit_time, TimeModel, UnitTime
+
+__all__ = [
+    "AutoPlan",
+    "AutoPlanRequest",
+    "CACHE_ENV",
+    "GIB",
+    "LlamaBlock",
+    "NoPlanFitsError",
+    "PARTITIONS",
+    "PipelineShape",
+    "PlanEstimate",
+    "PredictedTime",
+    "Recommendation",
+    "CalibrationTarget",
+    "TimeModel",
+    "UnitTime",
+    "cached_calibration",
+    "calibrate",
+    "causal_pairs",
+    "estimate",
+    "fit_unit_time",
+    "plan_automatically",
+    "recommend",
+    "segment_plan",
+]

@@ -1,0 +1,102 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""From a job's shape and layout to a recommendation: calibrate (or read the cache), then choose."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from torchtitan_seq1f1b.actions import Order
+from torchtitan_seq1f1b.planner.calibrate import cached_calibration, CalibrationTarget
+from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation, recommend
+from torchtitan_seq1f1b.planner.estimate import PipelineShape
+from torchtitan_seq1f1b.planner.time_model import TimeModel
+from torchtitan_seq1f1b.segmenting import TransformerCost
+
+__all__ = ["AutoPlanRequest", "AutoPlan", "plan_automatically"]
+
+OrderFor = Callable[[int, int, int, int], Order]
+"""``(num_ranks, stages_per_rank, n_microbatches, num_segments) -> Order``:
+``ScheduleSeq1F1B.order_for`` and its variants'."""
+
+
+@dataclass(frozen=True)
+class AutoPlanRequest:
+    """A job as the planner sees it.
+
+    Args:
+        shape: the model's dims.
+        seq_len: tokens per sequence.
+        num_ranks: pipeline ranks.
+        stages_per_rank: stages on each rank (2 for the V and interleaved schedules).
+        microbatches: microbatches per step.
+        order_for: the schedule's order builder.
+        align: every segment length is a multiple of it.
+        device, dtype, microbatch_size, attention_backend: what to calibrate on.
+        budget_bytes: activations + K/V store per rank (None: unbounded).
+        partitions: the partitions to consider.
+        segment_counts: the k tried.
+        refresh: calibrate again even if the cache has this target.
+    """
+
+    shape: TransformerCost
+    seq_len: int
+    num_ranks: int
+    stages_per_rank: int
+    microbatches: int
+    order_for: OrderFor
+    align: int = 1
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    microbatch_size: int = 1
+    attention_backend: str = "auto"
+    budget_bytes: int | None = None
+    partitions: tuple[str, ...] = field(default=PARTITIONS)
+    segment_counts: tuple[int, ...] = tuple(range(1, 17))
+    refresh: bool = False
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """The recommendation, the time model behind it and where that came from."""
+
+    recommendation: Recommendation
+    time_model: TimeModel
+    calibration_source: str
+
+
+def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
+    """Calibrate ``request``'s model on its device (or read the cache) and pick the plan."""
+    target = CalibrationTarget(
+        shape=request.shape,
+        seq_len=request.seq_len,
+        device=request.device,
+        dtype=request.dtype,
+        microbatch_size=request.microbatch_size,
+        attention_backend=request.attention_backend,
+    )
+    model, path, cached = cached_calibration(target, refresh=request.refresh)
+    stages = request.num_ranks * request.stages_per_rank
+
+    def order(num_segments: int) -> Order:
+        return request.order_for(
+            request.num_ranks, request.stages_per_rank, request.microbatches, num_segments
+        )
+
+    shape = PipelineShape.even(request.shape.n_layers, stages, request.microbatches, order)
+    recommendation = recommend(
+        shape,
+        model,
+        request.shape,
+        request.seq_len,
+        align=request.align,
+        budget_bytes=request.budget_bytes,
+        partitions=request.partitions,
+        segment_counts=request.segment_counts,
+    )
+    source = f"{'read from' if cached else 'measured, saved to'} {path}"
+    return AutoPlan(recommendation, model, source)

@@ -1,0 +1,286 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Time a model's block and head on the job's device, segment by segment, and fit a :class:`TimeModel`.
+
+One :class:`~torchtitan_seq1f1b.planner.llama_block.LlamaBlock` of the job's
+dims runs the units of uniform plans with k = 1, 2, 4, 8, 16 segments through
+a K/V store exactly as a pipeline stage runs them (forwards in order, then
+backwards last segment first), once with whole backwards (B) and once split
+into input and weight gradients (I, W) the way torch's zero-bubble stages
+split them. The final norm, LM head and summed cross-entropy are timed the
+same way. The fit is cached per (shape, seq_len, device, dtype, backend,
+torch), so a job pays the few seconds once.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from hashlib import sha256
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd.graph import saved_tensors_hooks
+
+from torchtitan_seq1f1b._torch_compat import stage_backward_input, stage_backward_weight
+from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.attention import bind_attention
+from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
+from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
+from torchtitan_seq1f1b.planner.time_model import fit_unit_time, KINDS, TimeModel
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+
+__all__ = ["CACHE_ENV", "CalibrationTarget", "calibrate", "cached_calibration"]
+
+CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
+_SEGMENT_COUNTS = (1, 2, 4, 8, 16)
+_SAMPLES = dict[str, list[tuple[int, int, float]]]
+
+
+@dataclass(frozen=True)
+class CalibrationTarget:
+    """What to calibrate: a model shape at a sequence length on a device and dtype.
+
+    Args:
+        shape: the model's dims (blocks are timed one at a time).
+        seq_len: tokens per sequence; calibration segments are cut from it.
+        device: where the job computes.
+        dtype: the dtype activations are computed in (bf16 on GPU).
+        microbatch_size: sequences per microbatch.
+        attention_backend: :class:`SegmentAwareAttention` backend the job uses.
+        repeats: timed passes per plan (the median is kept), after one warm-up.
+    """
+
+    shape: TransformerCost
+    seq_len: int
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    microbatch_size: int = 1
+    attention_backend: str = "auto"
+    repeats: int = 3
+
+    def key(self) -> dict:
+        """Everything the measured times depend on, as JSON-able values."""
+        device = torch.device(self.device)
+        if device.type == "cuda":
+            hardware = torch.cuda.get_device_name(device)
+        else:
+            hardware = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        return {
+            "shape": {
+                name: getattr(self.shape, name)
+                for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size")
+            },
+            "seq_len": self.seq_len,
+            "device": f"{device.type}: {hardware}",
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "microbatch_size": self.microbatch_size,
+            "attention_backend": self.attention_backend,
+            "torch": torch.__version__,
+        }
+
+
+class _Head(nn.Module):
+    """Final norm, LM head and summed cross-entropy: (batch, seq_len, dim) -> loss."""
+
+    def __init__(self, shape: TransformerCost):
+        super().__init__()
+        self.norm = nn.RMSNorm(shape.dim)
+        self.output = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+
+    def forward(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = self.output(self.norm(h))
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="sum")
+
+
+class _Clock:
+    """Wall time of a region, waiting for the device's queued work on both sides."""
+
+    def __init__(self, device: torch.device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def __enter__(self) -> _Clock:
+        self.sync()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sync()
+        self.seconds = time.perf_counter() - self.start
+
+
+class _SavedBytes(saved_tensors_hooks):
+    """Distinct storages autograd saves for backward while active, in bytes."""
+
+    def __init__(self):
+        self.storages: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            self.storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        super().__init__(pack, lambda tensor: tensor)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.storages.values())
+
+
+def _run_plan(
+    component: nn.Module,
+    plan: SegmentPlan,
+    inputs: torch.Tensor,
+    extra: torch.Tensor,
+    split_backward: bool,
+    clock: _Clock,
+    samples: _SAMPLES,
+) -> None:
+    """Run one microbatch's units of ``plan`` through ``component`` and record each unit's time.
+
+    inputs: (batch, seq_len, dim) hidden states; extra: positions (1, seq_len)
+    for a block, targets (batch, seq_len) for the head.
+    """
+    store = KVStore()
+    bind_attention(component, store)
+    is_block = isinstance(component, LlamaBlock)
+    params = list(component.parameters())
+    pending = []
+    for segment, cut in enumerate(plan.slices()):
+        unit = RunningUnit(Unit(0, segment), plan)
+        x = inputs[:, cut].detach().requires_grad_()
+        with store.running_unit(unit), clock:
+            y = component(x, extra[:, cut])
+        samples["F"].append((plan.lengths[segment], plan.ends[segment], clock.seconds))
+        pending.append((unit, x, y))
+    for unit, x, y in reversed(pending):
+        grad = torch.ones_like(y) if is_block else None
+        span = (plan.lengths[unit.unit.segment], plan.ends[unit.unit.segment])
+        with store.running_unit(unit):
+            if not split_backward:
+                with clock:
+                    y.backward(grad)
+                samples["B"].append((*span, clock.seconds))
+                continue
+            with clock:
+                _, groups = stage_backward_input([y], None if grad is None else [grad], [x], iter(params))
+            samples["I"].append((*span, clock.seconds))
+            with clock:
+                stage_backward_weight(iter(params), groups)
+            samples["W"].append((*span, clock.seconds))
+    store.clear()
+
+
+def _measure(component: nn.Module, target: CalibrationTarget, extra: torch.Tensor) -> _SAMPLES:
+    device = torch.device(target.device)
+    clock = _Clock(device)
+    inputs = torch.randn(
+        target.microbatch_size, target.seq_len, target.shape.dim, device=device, dtype=target.dtype
+    )
+    plans = [
+        SegmentPlan.uniform(target.seq_len, k)
+        for k in _SEGMENT_COUNTS
+        if k <= target.seq_len
+    ]
+    warmup: _SAMPLES = {kind: [] for kind in KINDS}
+    for split in (False, True):
+        _run_plan(component, plans[0], inputs, extra, split, clock, warmup)
+    runs: list[_SAMPLES] = []
+    for _ in range(target.repeats):
+        run: _SAMPLES = {kind: [] for kind in KINDS}
+        for plan in plans:
+            for split in (False, True):
+                _run_plan(component, plan, inputs, extra, split, clock, run)
+        runs.append(run)
+    # Same units in the same order in every run: keep each unit's median time.
+    return {
+        kind: [
+            (n, end, statistics.median(run[kind][i][2] for run in runs))
+            for i, (n, end, _) in enumerate(runs[0][kind])
+        ]
+        for kind in KINDS
+    }
+
+
+def _activation_bytes(
+    component: nn.Module, target: CalibrationTarget, inputs: torch.Tensor, extra: torch.Tensor
+) -> tuple[float, float]:
+    """(activation bytes, K/V store bytes) per token position of a whole-sequence unit."""
+    plan = SegmentPlan.uniform(target.seq_len, 1)
+    store = KVStore()
+    bind_attention(component, store)
+    saved = _SavedBytes()
+    with store.running_unit(RunningUnit(Unit(0, 0), plan)), saved:
+        component(inputs.detach().requires_grad_(), extra)
+    # Attention saves views of the K/V store: those bytes are the store's, not activations.
+    kv = store.nbytes
+    store.clear()
+    return (saved.nbytes - kv) / target.seq_len, kv / target.seq_len
+
+
+def calibrate(target: CalibrationTarget) -> TimeModel:
+    """Time one block and the head on ``target.device`` and fit their unit times."""
+    device = torch.device(target.device)
+    shape = target.shape
+    block = LlamaBlock(shape, attention_backend=target.attention_backend).to(device, target.dtype)
+    head = _Head(shape).to(device, target.dtype)
+    positions = torch.arange(target.seq_len, device=device)[None]
+    targets = torch.randint(
+        0, shape.vocab_size, (target.microbatch_size, target.seq_len), device=device
+    )
+    block_samples = _measure(block, target, positions)
+    head_samples = _measure(head, target, targets)
+    inputs = torch.randn(
+        target.microbatch_size, target.seq_len, shape.dim, device=device, dtype=target.dtype
+    )
+    block_bytes, kv_bytes = _activation_bytes(block, target, inputs, positions)
+    head_bytes, _ = _activation_bytes(head, target, inputs, targets)
+    return TimeModel(
+        block={kind: fit_unit_time(block_samples[kind]) for kind in KINDS},
+        head={kind: fit_unit_time(head_samples[kind], with_pairs=False) for kind in KINDS},
+        block_activation_bytes=block_bytes,
+        head_activation_bytes=head_bytes,
+        kv_bytes=kv_bytes,
+        # KVStore banks prefix gradients in fp32 (or wider) whatever the K/V dtype.
+        kv_grad_bytes=kv_bytes * max(4, target.dtype.itemsize) / target.dtype.itemsize,
+        calibrated_for=target.key(),
+    )
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "torchtitan_seq1f1b" / "calibration"
+
+
+def cached_calibration(
+    target: CalibrationTarget, refresh: bool = False
+) -> tuple[TimeModel, Path, bool]:
+    """``calibrate(target)``, read from the cache when this target was measured before.
+
+    Returns the model, its cache file and whether it came from the cache. The
+    directory is ``$SEQ1F1B_CALIBRATION_CACHE``, else
+    ``~/.cache/torchtitan_seq1f1b/calibration``. ``refresh`` measures again
+    (e.g. the cached run shared the machine with other work).
+    """
+    key = target.key()
+    digest = sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
+    path = _cache_dir() / f"{digest}.json"
+    if path.exists() and not refresh:
+        model = TimeModel.from_json(path.read_text())
+        if model.calibrated_for == key:
+            return model, path, True
+    model = calibrate(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(model.to_json())
+    partial.replace(path)  # atomic: ranks calibrating at once never read half a file
+    return model, path, False

@@ -1,0 +1,130 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Predicted step time, bubble and per-rank memory of one segment plan under one schedule.
+
+The schedule's real per-rank order is replayed with the calibrated unit times
+(:func:`~torchtitan_seq1f1b.orders.replay`), and walked for the bytes each
+rank holds: every unit's saved activations until its backward (B, or W after
+I), and every microbatch's K/V store from its first forward to its last
+backward, with the fp32 gradient bank from its first backward on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torchtitan_seq1f1b.actions import Order, SegmentAction
+from torchtitan_seq1f1b.orders import replay
+from torchtitan_seq1f1b.planner.time_model import TimeModel
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+__all__ = ["PipelineShape", "PlanEstimate", "estimate"]
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """What runs where.
+
+    Args:
+        stage_blocks: transformer blocks on each stage, by stage index; the
+            last stage also holds the head.
+        microbatches: microbatches per step.
+        order: the schedule's per-rank order for ``k`` segments per microbatch.
+    """
+
+    stage_blocks: tuple[int, ...]
+    microbatches: int
+    order: Callable[[int], Order]
+
+    @property
+    def last_stage(self) -> int:
+        return len(self.stage_blocks) - 1
+
+    @classmethod
+    def even(
+        cls,
+        n_layers: int,
+        num_stages: int,
+        microbatches: int,
+        order: Callable[[int], Order],
+    ) -> PipelineShape:
+        """Blocks split as evenly as they go, a remainder on the earliest stages."""
+        if num_stages > n_layers:
+            raise ValueError(
+                f"{num_stages} pipeline stages need at least as many blocks, the model has "
+                f"{n_layers}; use fewer pipeline ranks or stages per rank"
+            )
+        base, extra = divmod(n_layers, num_stages)
+        blocks = tuple(base + (1 if s < extra else 0) for s in range(num_stages))
+        return cls(blocks, microbatches, order)
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """What one plan is predicted to cost; bytes are activations plus K/V store, per rank."""
+
+    plan: SegmentPlan
+    partition: str
+    step_seconds: float
+    bubble_fraction: float
+    peak_bytes: tuple[int, ...]
+
+    @property
+    def num_segments(self) -> int:
+        return self.plan.num_segments
+
+
+def _peak_bytes(
+    actions: list[SegmentAction], plan: SegmentPlan, shape: PipelineShape, model: TimeModel
+) -> int:
+    """Largest activation + K/V footprint of one rank over its order."""
+    live: dict[tuple[int, int, int], float] = {}  # (stage, microbatch, segment)
+    stores: dict[tuple[int, int], float] = {}  # (stage, microbatch)
+    peak = 0.0
+    k = plan.num_segments
+    for action in actions:
+        stage, (microbatch, segment) = action.stage, action.unit
+        blocks = shape.stage_blocks[stage]
+        if action.kind == "F":
+            has_head = stage == shape.last_stage
+            live[(stage, microbatch, segment)] = model.unit_activation_bytes(
+                plan.lengths[segment], blocks, has_head
+            )
+            stores.setdefault((stage, microbatch), blocks * model.kv_bytes * plan.seq_len)
+        elif segment == k - 1 and action.kind in "BI" and k > 1:
+            # The first backward banks fp32 gradients of every key a later segment read.
+            stores[(stage, microbatch)] += blocks * model.kv_grad_bytes * plan.offsets[-1]
+        peak = max(peak, sum(live.values()) + sum(stores.values()))
+        if action.kind in "BW":
+            del live[(stage, microbatch, segment)]
+            if segment == 0:
+                del stores[(stage, microbatch)]
+    return int(peak)
+
+
+def estimate(
+    plan: SegmentPlan, partition: str, shape: PipelineShape, model: TimeModel
+) -> PlanEstimate:
+    """Replay ``shape``'s order for ``plan`` with ``model``'s unit times and walk its memory."""
+    order = shape.order(plan.num_segments)
+
+    def seconds(action: SegmentAction) -> float:
+        segment = action.segment
+        return model.unit_seconds(
+            action.kind,
+            plan.lengths[segment],
+            plan.ends[segment],
+            shape.stage_blocks[action.stage],
+            action.stage == shape.last_stage,
+        )
+
+    timeline = replay(order, seconds)
+    return PlanEstimate(
+        plan=plan,
+        partition=partition,
+        step_seconds=timeline.makespan,
+        bubble_fraction=timeline.bubble_fraction,
+        peak_bytes=tuple(_peak_bytes(order[r], plan, shape, model) for r in sorted(order)),
+    )

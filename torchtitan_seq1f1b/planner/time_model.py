@@ -1,0 +1,127 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Measured unit times and bytes of one model on one device, fitted to a small model.
+
+A unit (one segment of one microbatch) of kind F, B, I or W over tokens
+``[end - length, end)`` costs, per transformer block::
+
+    seconds = per_token * length + per_pair * pairs(length, end) + per_unit
+    pairs   = length * end - length * (length - 1) / 2      # causal (query, key) pairs
+
+``per_token`` prices the projections and MLP, ``per_pair`` attention (whose
+kernels run at another rate than GEMMs), and ``per_unit`` what a call costs
+whatever its size (launches, Python, GEMM inefficiency on short segments).
+The LM head with its loss is priced the same way without pairs. Bytes are per
+token: activations autograd saves in a block and in the head, and the K/V a
+block stores.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from torchtitan_seq1f1b.segmenting.cost import check_span
+
+__all__ = ["KINDS", "UnitTime", "TimeModel", "causal_pairs", "fit_unit_time"]
+
+KINDS = ("F", "B", "I", "W")
+
+
+def causal_pairs(length: int, end: int) -> int:
+    """(query, key) pairs causal attention scores for tokens ``[end - length, end)``."""
+    check_span(length, end)
+    return length * end - length * (length - 1) // 2
+
+
+@dataclass(frozen=True)
+class UnitTime:
+    """Seconds of one unit on one component: ``per_token * length + per_pair * pairs + per_unit``."""
+
+    per_token: float
+    per_pair: float
+    per_unit: float
+
+    def __call__(self, length: int, end: int) -> float:
+        return self.per_token * length + self.per_pair * causal_pairs(length, end) + self.per_unit
+
+
+def fit_unit_time(
+    samples: list[tuple[int, int, float]], with_pairs: bool = True
+) -> UnitTime:
+    """Least-squares fit of :class:`UnitTime` to ``(length, end, seconds)`` samples.
+
+    Residuals are relative (rows divided by the measured time), so short units,
+    where the per-unit overhead shows, weigh as much as long ones. A term whose
+    coefficient comes out negative is dropped and the rest refitted: each
+    stands for a cost that cannot be negative.
+    """
+    terms = ["per_token", "per_pair", "per_unit"] if with_pairs else ["per_token", "per_unit"]
+    while True:
+        columns = {
+            "per_token": [float(n) for n, _, _ in samples],
+            "per_pair": [float(causal_pairs(n, end)) for n, end, _ in samples],
+            "per_unit": [1.0] * len(samples),
+        }
+        seconds = torch.tensor([t for _, _, t in samples], dtype=torch.float64)
+        design = torch.tensor([columns[t] for t in terms], dtype=torch.float64).T
+        solution = torch.linalg.lstsq(design / seconds[:, None], torch.ones_like(seconds)[:, None])
+        coefficients = dict(zip(terms, solution.solution[:, 0].tolist()))
+        negative = [t for t in terms if coefficients[t] < 0]
+        if not negative or len(terms) == 1:
+            break
+        terms.remove(min(negative, key=coefficients.__getitem__))
+    return UnitTime(**{t: max(coefficients.get(t, 0.0), 0.0) for t in ("per_token", "per_pair", "per_unit")})
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Fitted unit times and per-token bytes of one (model shape, device, dtype).
+
+    Args:
+        block: per kind ("F", "B", "I", "W"), one transformer block's unit time.
+        head: per kind, the final norm, LM head and loss (no attention).
+        block_activation_bytes: bytes one token leaves saved for backward in a
+            block (K/V store excluded).
+        head_activation_bytes: the same for the head and loss.
+        kv_bytes: K and V bytes one token occupies in one block's K/V store.
+        kv_grad_bytes: the same for the store's fp32 bank of prefix gradients.
+        calibrated_for: what was measured (shape, device, dtype, ...): the cache key.
+    """
+
+    block: dict[str, UnitTime]
+    head: dict[str, UnitTime]
+    block_activation_bytes: float
+    head_activation_bytes: float
+    kv_bytes: float
+    kv_grad_bytes: float
+    calibrated_for: dict = field(default_factory=dict)
+
+    def unit_seconds(
+        self, kind: str, length: int, end: int, blocks: int, has_head: bool
+    ) -> float:
+        """Time of a ``kind`` unit on a stage of ``blocks`` blocks (and the head if it is last)."""
+        seconds = blocks * self.block[kind](length, end)
+        if has_head:
+            seconds += self.head[kind](length, end)
+        return seconds
+
+    def unit_activation_bytes(self, length: int, blocks: int, has_head: bool) -> float:
+        """Bytes a unit of ``length`` tokens keeps until its backward on such a stage."""
+        per_token = blocks * self.block_activation_bytes
+        if has_head:
+            per_token += self.head_activation_bytes
+        return per_token * length
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TimeModel:
+        data = json.loads(text)
+        for part in ("block", "head"):
+            data[part] = {kind: UnitTime(**fit) for kind, fit in data[part].items()}
+        return cls(**data)
