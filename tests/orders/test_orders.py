@@ -7,7 +7,11 @@ import itertools
 from collections import Counter
 
 import pytest
-from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (
+    Schedule1F1B,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
 
 from torchtitan_seq1f1b import (
     interleaved_seq1f1b_order,
@@ -244,3 +248,25 @@ def test_every_zbv_order_is_valid_within_seq1f1b_memory(p):
                 peak = max(peak, in_flight)
             # Half-stage units awaiting W: Seq1F1B's rank-0 peak of p+k-1 whole ones.
             assert peak <= 2 * (p + k - 1)
+
+
+@pytest.mark.parametrize("p", range(1, 7))
+def test_one_segment_is_torch_zbv(p):
+    """k=1 is exactly torch's ZBVZeroBubble order, for every m (torch pads m to 2p-1)."""
+    for m in range(1, 13):
+        ours = lower_order(seq1f1b_zbv_order(p, m, 1), 1)
+        for rank in range(p):
+            stages = [_PlacedStage(s, 2 * p, p, rank) for s in (rank, 2 * p - 1 - rank)]
+            torch_order = ScheduleZBVZeroBubble(stages, m).pipeline_order[rank]
+            assert [str(a) for a in ours[rank]] == [str(a) for a in torch_order if a is not None]
+
+
+def test_zbv_p2_m2_k2():
+    """Chunk 1 runs lead = r + k - 1 forwards ahead of its first I; W follows I at once."""
+    expected = _order({
+        0: "0F0.0 0F0.1 0F1.0 3F0.0 0F1.1 3F0.1 3I0.1 3W0.1 3F1.0 3I0.0 3W0.0 0I0.1 0W0.1 "
+           "3F1.1 3I1.1 3W1.1 0I0.0 3I1.0 0I1.1 0W0.0 0I1.0 0W1.1 3W1.0 0W1.0",
+        1: "1F0.0 2F0.0 1F0.1 2F0.1 1F1.0 2F1.0 2I0.1 2W0.1 1F1.1 1I0.1 1W0.1 2F1.1 2I0.0 "
+           "2W0.0 1I0.0 2I1.1 1I1.1 2I1.0 1I1.0 1W0.0 2W1.1 2W1.0 1W1.1 1W1.0",
+    })
+    assert seq1f1b_zbv_order(2, 2, 2) == expected

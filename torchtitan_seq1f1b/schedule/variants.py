@@ -87,11 +87,12 @@ class ScheduleSeq1F1BZBV(ScheduleSeq1F1B):
 
     Rank r holds stages r and 2p-1-r, as for torch's ``ScheduleZBVZeroBubble``
     (build the stages with that placement). Units run down the ranks on the
-    first chunk and back up on the second; input gradients go first, forwards
-    run while fewer than ``2 * (p + k - 1)`` half-stage units await their
-    weight gradient (Seq1F1B's rank-0 activation memory), and weight gradients
-    fill the gaps (:func:`~torchtitan_seq1f1b.orders.seq1f1b_zbv_order`).
-    Any m and k work. Takes the same arguments as :class:`ScheduleSeq1F1B`,
+    first chunk and back up on the second, in ZB-V's warmup/steady/cooldown
+    pattern with the second chunk's forwards ``r + k - 1`` units ahead of its
+    input gradients; at most ``2 * (p + k - 1)`` half-stage units await their
+    weight gradient (Seq1F1B's rank-0 activation memory)
+    (:func:`~torchtitan_seq1f1b.orders.seq1f1b_zbv_order`). With k = 1 it
+    runs torch's ZBVZeroBubble order. Any m and k work. Takes the same arguments as :class:`ScheduleSeq1F1B`,
     with ``stages`` this rank's two stages.
     """
 
