@@ -2,7 +2,8 @@
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
 """The stack under test in the report header; on a machine with CUDA, a
-``gpu``-marked test that skips fails instead.
+``gpu``-marked test that skips fails instead; planner calibrations go to a
+temporary cache.
 
 The GPU tests skip where CUDA (or the kernel they test) is missing; on a GPU
 machine a silent skip would report success for kernels that never ran. A
@@ -49,7 +50,16 @@ SMOKE = {
     "tests/schedule/test_documents_exactness.py": ("[Seq1F1B-",),
     "tests/schedule/test_presplit_inputs.py": ("",),
     "tests/orders/test_orders.py": ("test_one_segment_is_torch_1f1b",),
+    "tests/planner/test_planner.py": ("test_calibration",),
 }
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _calibration_cache(tmp_path_factory):
+    """Planner calibrations of the tests go to a fresh directory, not the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEQ1F1B_CALIBRATION_CACHE", str(tmp_path_factory.mktemp("calibration")))
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,12 +8,15 @@ Memory is exact: measured ratios must follow the simulator's, and with k = 1
 Seq1F1B must hold what torch's schedule with the same order holds.
 """
 
+import dataclasses
 import json
 
 import pytest
 
+from torchtitan_seq1f1b.planner import segment_plan
 from torchtitan_seq1f1b.tools import bench
-from torchtitan_seq1f1b.tools.bench import runner
+from torchtitan_seq1f1b.tools.bench import cli as bench_cli, runner
+from torchtitan_seq1f1b.tools.bench.auto import auto_row, calibrate_bench_model
 
 REQUIRED_KEYS = {
     "schedule", "pp", "microbatches", "segments", "partition", "step_time_s",
@@ -103,6 +106,8 @@ def test_seq1f1b_k1_runs_the_same_order_as_1f1b(quick_records):
         (["-m", "1"], "1F1B needs microbatches >= pp (1 < 2)"),
         (["--pp", "1"], "--pp 1: a pipeline needs at least 2 ranks"),
         (["--heads", "3"], "dim=128 is not divisible by n_heads=3"),
+        (["--auto", "--no-calibrate"], "--auto and --partitions time need the calibration"),
+        (["--memory-budget-gib", "1"], "--memory-budget-gib bounds the --auto pick; add --auto"),
     ],
 )
 def test_bad_options_fail_before_any_rank_starts(argv, message, monkeypatch, capsys):
@@ -114,3 +119,36 @@ def test_bad_options_fail_before_any_rank_starts(argv, message, monkeypatch, cap
         bench.main(["--quick", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_simulated_row_gets_a_calibrated_prediction(quick_records):
+    for record in quick_records:
+        if record["predicted"] is None:
+            continue
+        calibrated = record["calibrated"]
+        assert calibrated["step_seconds"] > 0, record["label"]
+        assert len(calibrated["peak_bytes"]) == record["pp"]
+        assert "step_time_ratio" in calibrated
+    assert _row(quick_records, "1F1B")["calibrated"]["step_time_ratio"] == 1.0
+
+
+def test_auto_rows_run_the_planners_pick(tmp_path):
+    path = tmp_path / "auto.json"
+    argv = [
+        "--quick", "--schedules", "1F1B", "Seq1F1B", "-k", "1", "2", "--partitions", "time",
+        "--auto", "--steps", "1", "--warmup-steps", "0", "--json", str(path),
+    ]
+    assert bench.main(argv) == 0
+    records = json.loads(path.read_text())
+    config, _ = bench_cli._config_from_args(bench_cli._parser(), bench_cli._parser().parse_args(argv))
+    time_model, _ = calibrate_bench_model(config)  # the cache the run wrote
+    config = dataclasses.replace(config, time_model=time_model)
+    picked = [r for r in records if r["auto"]]
+    assert len(picked) == 1
+    row, recommendation = auto_row(config, "Seq1F1B", 2, None)
+    assert (picked[0]["segments"], picked[0]["partition"]) == (row.segments, row.partition)
+    assert picked[0]["segment_lengths"] == list(recommendation.best.plan.lengths)
+    timed = next(r for r in records if r["partition"] == "time" and not r["auto"])
+    assert timed["segment_lengths"] == list(
+        segment_plan("time", 512, 2, config.model.cost(), time_model, 4).lengths
+    )

@@ -132,7 +132,8 @@ def test_misspelt_seq1f1b_key_names_the_valid_keys(tmp_path):
     message = _usage_error(tmp_path, "[seq1f1b]\nnum_segment = 4\n")
     assert message == (
         "[seq1f1b] num_segment is not an option; did you mean 'num_segments'? "
-        "[seq1f1b] takes: num_segments, partition, attention_backend, align, segment_lengths"
+        "[seq1f1b] takes: num_segments, partition, memory_budget_gib, attention_backend, align, "
+        "segment_lengths"
     )
     message = _usage_error(tmp_path, "[seq1f1b]\nnum_segments = 4\nflavour = 1\n")
     assert message.startswith("[seq1f1b] flavour is not an option; [seq1f1b] takes:")

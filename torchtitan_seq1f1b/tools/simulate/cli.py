@@ -24,6 +24,8 @@ __all__ = ["document_lengths", "main", "number_at_least", "positive_int", "write
 
 # What the CLI runs without --schedule; "--schedule all" runs every schedule.
 DEFAULT_SCHEDULES = ("1F1B", "GPipe", "Seq1F1B")
+# "time" needs a calibrated time model: the bench and the planner command have one.
+_FLOP_PARTITIONS = tuple(p for p in PARTITIONS if p != "time")
 DEFAULT_SHAPE = {"model": "llama3-8b", "seq_len": 32768, "pp": 4, "microbatches": 8}
 """What runs without options: train_configs/llama3_8b_32k_seq1f1b.toml's shape."""
 
@@ -101,8 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--chunks", "-v", "--v", type=positive_int, default=None,
                      help="stages (model chunks) per rank of the multi-stage schedules "
                           "(default 2); the others run 1")
-    # "time" needs a calibrated time model: the bench and the planner command have one.
-    run.add_argument("--partition", choices=[p for p in PARTITIONS if p != "time"],
+    run.add_argument("--partition", choices=_FLOP_PARTITIONS,
                      default="balanced",
                      help="segment lengths: equal, equal forward FLOPs, or equal FLOPs under "
                           "dense causal attention even with --documents")
@@ -254,7 +255,7 @@ def _plan_comparison(configs: list[SimConfig]) -> list[SimResult]:
         simulate(replace(config, partition=partition))
         for config in configs
         if config.num_segments > 1
-        for partition in PARTITIONS
+        for partition in _FLOP_PARTITIONS
     ]
 
 

@@ -1,0 +1,212 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The calibrated planner: the fit, time-balanced plans, estimates, the choice and its cache.
+
+Timings are machine-dependent, so the choice is checked on synthetic time
+models whose right answer is known; calibration itself is checked for what
+it must produce (positive fits, bytes that match the store's layout, the cache).
+"""
+
+import pytest
+import torch
+
+from torchtitan_seq1f1b.orders import seq1f1b_order
+from torchtitan_seq1f1b.planner import (
+    cached_calibration,
+    calibrate,
+    CalibrationTarget,
+    causal_pairs,
+    estimate,
+    fit_unit_time,
+    NoPlanFitsError,
+    PipelineShape,
+    PredictedTime,
+    recommend,
+    segment_plan,
+    TimeModel,
+    UnitTime,
+)
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+
+SHAPE = TransformerCost(
+    n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
+)
+
+
+def _model(per_token=1e-6, per_pair=1e-9, per_unit=0.0, head_per_token=0.0) -> TimeModel:
+    """A time model with B = 2F and I = W = F; 100 activation bytes per token per block."""
+    forward = UnitTime(per_token, per_pair, per_unit)
+    double = UnitTime(2 * per_token, 2 * per_pair, 2 * per_unit)
+    head = UnitTime(head_per_token, 0.0, 0.0)
+    head_double = UnitTime(2 * head_per_token, 0.0, 0.0)
+    return TimeModel(
+        block={"F": forward, "B": double, "I": forward, "W": forward},
+        head={"F": head, "B": head_double, "I": head, "W": head},
+        block_activation_bytes=100.0,
+        head_activation_bytes=0.0,
+        kv_bytes=10.0,
+        kv_grad_bytes=10.0,
+    )
+
+
+def test_fit_recovers_the_coefficients_of_noiseless_times():
+    truth = UnitTime(per_token=3e-6, per_pair=2e-9, per_unit=4e-4)
+    samples = [(n, end, truth(n, end)) for n, end in [(64, 64), (32, 64), (16, 128), (128, 128), (8, 8)]]
+    fitted = fit_unit_time(samples)
+    for name in ("per_token", "per_pair", "per_unit"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+
+
+def test_fit_drops_a_term_that_would_be_negative():
+    # Times that fall with the prefix: no non-negative per_pair explains them.
+    samples = [(16, end, 1e-3 - 1e-7 * end) for end in (16, 32, 64, 128)] + [(32, 32, 2e-3)]
+    fitted = fit_unit_time(samples)
+    assert fitted.per_pair == 0.0
+    assert fitted.per_token >= 0 and fitted.per_unit >= 0
+
+
+def test_time_model_round_trips_through_json():
+    model = _model(per_unit=1e-4)
+    assert TimeModel.from_json(model.to_json()) == model
+
+
+def test_causal_pairs_add_up_over_any_split():
+    plan = SegmentPlan.from_lengths([7, 20, 5, 32])
+    assert sum(causal_pairs(n, e) for n, e in zip(plan.lengths, plan.ends)) == causal_pairs(64, 64)
+
+
+def test_time_partition_equalises_predicted_time_not_flops():
+    # Attention priced 20x its FLOP share: "time" must give late segments fewer tokens
+    # than FLOP balancing does.
+    per_token, per_query_key = SHAPE.flop_rates()
+    model = _model(per_token=per_token * 1e-12, per_pair=20 * per_query_key * 1e-12)
+    timed = segment_plan("time", 4096, 4, SHAPE, model, SHAPE.n_layers)
+    flops = segment_plan("balanced", 4096, 4, SHAPE, model, SHAPE.n_layers)
+    cost = PredictedTime(model, SHAPE.n_layers)
+    times = [cost.forward_flops(n, e) for n, e in zip(timed.lengths, timed.ends)]
+    assert max(times) / min(times) < 1.01
+    assert timed.lengths[-1] < flops.lengths[-1]
+    flop_times = [cost.forward_flops(n, e) for n, e in zip(flops.lengths, flops.ends)]
+    assert max(times) < max(flop_times)
+
+
+def test_time_partition_needs_a_time_model():
+    with pytest.raises(ValueError, match="calibrated time model"):
+        segment_plan("time", 64, 2, SHAPE, None, SHAPE.n_layers)
+
+
+def _shape(pp=2, m=2, schedule=ScheduleSeq1F1B, stages_per_rank=1) -> PipelineShape:
+    return PipelineShape.even(
+        SHAPE.n_layers, pp * stages_per_rank, m,
+        lambda k: schedule.order_for(pp, stages_per_rank, m, k),
+    )
+
+
+def test_estimate_of_one_segment_is_1f1b_in_closed_form():
+    # Equal stages, F = 2 blocks x 64 tokens x 1e-6 s, B = 2F: (m + p - 1)(F + B).
+    model = _model(per_pair=0.0)
+    result = estimate(SegmentPlan.uniform(64, 1), "uniform", _shape(), model)
+    forward = 2 * 64 * 1e-6
+    assert result.step_seconds == pytest.approx(3 * 3 * forward)
+    assert result.bubble_fraction == pytest.approx(1 / 3)
+    # Rank 0 holds p = 2 microbatches of 2 blocks x 64 tokens x 100 bytes, plus their K/V.
+    assert result.peak_bytes[0] == 2 * (2 * 64 * 100) + 2 * (2 * 64 * 10)
+
+
+def test_estimate_matches_seq1f1b_theory_for_rank_0_memory():
+    # Uniform k: rank 0 holds p + k - 1 segments' activations, K/V of both microbatches in
+    # flight and the gradient bank of the first.
+    model = _model(per_pair=0.0)
+    k = 4
+    result = estimate(SegmentPlan.uniform(64, k), "uniform", _shape(), model)
+    activations = (2 + k - 1) * 2 * 16 * 100
+    kv = 2 * (2 * 64 * 10) + 2 * 48 * 10
+    assert result.peak_bytes[0] == activations + kv
+
+
+def test_estimate_replays_the_schedules_own_order():
+    model = _model()
+    orders = []
+    shape = PipelineShape((2, 2), 2, lambda k: orders.append(k) or seq1f1b_order(2, 2, k))
+    estimate(SegmentPlan.uniform(64, 4), "uniform", shape, model)
+    assert orders == [4]
+
+
+def test_recommend_takes_the_fastest_plan_within_the_budget():
+    # A per-unit overhead makes many segments slow, the bubble makes few slow.
+    model = _model(per_pair=0.0, per_unit=2e-5)
+    found = recommend(_shape(), model, SHAPE, 256)
+    steps = [e.step_seconds for e in found.fitting]
+    assert steps == sorted(steps) and found.best is found.fitting[0]
+    assert 1 < found.best.num_segments < 16
+    assert {e.num_segments for e in found.fitting} == set(range(1, 17))
+    # k = 1 is the same plan under every partition: tried once.
+    assert sum(e.num_segments == 1 for e in found.fitting) == 1
+    budget = max(found.best.peak_bytes) - 1
+    bounded = recommend(_shape(), model, SHAPE, 256, budget_bytes=budget)
+    assert max(bounded.best.peak_bytes) <= budget
+    assert bounded.best.step_seconds >= found.best.step_seconds
+    assert found.best in bounded.over_budget
+
+
+def test_recommend_never_predicts_slower_than_one_segment():
+    model = _model(per_unit=1e-3)  # overhead so large that k = 1 wins
+    found = recommend(_shape(), model, SHAPE, 256)
+    assert found.best.num_segments == 1
+    assert "k partition" in found.table()
+
+
+def test_recommend_raises_naming_what_the_most_frugal_plan_needs():
+    with pytest.raises(NoPlanFitsError, match=r"most frugal \(k=16.*needs"):
+        recommend(_shape(), _model(), SHAPE, 256, budget_bytes=1)
+
+
+def test_recommend_respects_align_and_segment_counts():
+    found = recommend(
+        _shape(schedule=ScheduleSeq1F1BZBV, stages_per_rank=2), _model(), SHAPE, 256,
+        align=32, segment_counts=(2, 4, 16),
+    )
+    assert {e.num_segments for e in found.fitting} == {2, 4}  # 16 x 32 > 256
+    assert all(n % 32 == 0 for e in found.fitting for n in e.plan.lengths)
+
+
+def test_pipeline_shape_refuses_more_stages_than_blocks():
+    with pytest.raises(ValueError, match="at least as many blocks"):
+        PipelineShape.even(2, 4, 2, lambda k: {})
+
+
+def _target(**changes) -> CalibrationTarget:
+    fields = dict(shape=SHAPE, seq_len=64, attention_backend="sdpa", repeats=1)
+    fields.update(changes)
+    return CalibrationTarget(**fields)
+
+
+def test_calibration_fits_positive_times_and_the_store_layout():
+    model = calibrate(_target())
+    for kind in "FBIW":
+        assert model.block[kind](64, 64) > 0 and model.head[kind](64, 64) > 0
+    # K and V: two tensors of n_kv_heads x head_dim float32 per token.
+    assert model.kv_bytes == 2 * SHAPE.kv_dim * 4
+    assert model.kv_grad_bytes == model.kv_bytes
+    assert model.block_activation_bytes > 0 and model.head_activation_bytes > 0
+    assert model.calibrated_for == _target().key()
+
+
+def test_calibration_banks_bf16_gradients_in_fp32():
+    model = calibrate(_target(dtype=torch.bfloat16))
+    assert model.kv_bytes == 2 * SHAPE.kv_dim * 2
+    assert model.kv_grad_bytes == 2 * model.kv_bytes
+
+
+def test_cache_is_read_back_for_the_same_target_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEQ1F1B_CALIBRATION_CACHE", str(tmp_path))
+    first, path, cached = cached_calibration(_target())
+    assert not cached and path.parent == tmp_path
+    again, same_path, cached = cached_calibration(_target())
+    assert cached and same_path == path and again == first
+    _, other_path, cached = cached_calibration(_target(microbatch_size=2))
+    assert not cached and other_path != path
+    _, _, cached = cached_calibration(_target(), refresh=True)
+    assert not cached
