@@ -8,6 +8,8 @@ models whose right answer is known; calibration itself is checked for what
 it must produce (positive fits, bytes that match the store's layout, the cache).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -210,3 +212,20 @@ def test_cache_is_read_back_for_the_same_target_only(tmp_path, monkeypatch):
     assert not cached and other_path != path
     _, _, cached = cached_calibration(_target(), refresh=True)
     assert not cached
+
+
+def test_contention_stretches_only_what_overlaps_another_ranks_compute():
+    shape = _shape()
+    plan = SegmentPlan.uniform(64, 1)
+    order = shape.order(1)
+    alone = estimate(plan, "uniform", shape, _model(per_pair=0.0))
+    contended = estimate(plan, "uniform", shape, dataclasses.replace(_model(per_pair=0.0), contention=1.5))
+    # 1F1B at p = 2, m = 2: the ranks overlap on part of the step, never all of it.
+    assert alone.step_seconds < contended.step_seconds < 1.5 * alone.step_seconds
+    assert len(order) == 2
+
+
+def test_contention_is_measured_with_processes_computing_at_once():
+    model = calibrate(_target(contenders=2))
+    assert model.contention >= 1.0
+    assert model.calibrated_for["contenders"] == 2

@@ -32,7 +32,12 @@ from torchtitan_seq1f1b.planner.choose import (
     recommend,
     segment_plan,
 )
-from torchtitan_seq1f1b.planner.estimate import estimate, PipelineShape, PlanEstimate
+from torchtitan_seq1f1b.planner.estimate import (
+    contended_replay,
+    estimate,
+    PipelineShape,
+    PlanEstimate,
+)
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.planner.time_model import causal_pairs, fit_unit_time, TimeModel, UnitTime
 
@@ -54,6 +59,7 @@ __all__ = [
     "cached_calibration",
     "calibrate",
     "causal_pairs",
+    "contended_replay",
     "estimate",
     "fit_unit_time",
     "plan_automatically",

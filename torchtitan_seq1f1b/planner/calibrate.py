@@ -55,6 +55,9 @@ class CalibrationTarget:
         microbatch_size: sequences per microbatch.
         attention_backend: :class:`SegmentAwareAttention` backend the job uses.
         repeats: timed passes per plan (the median is kept), after one warm-up.
+        contenders: processes that compute at once on this host during a step
+            (pipeline ranks sharing its CPU cores); with more than one, how much
+            a unit slows while the others compute is measured too.
     """
 
     shape: TransformerCost
@@ -64,6 +67,7 @@ class CalibrationTarget:
     microbatch_size: int = 1
     attention_backend: str = "auto"
     repeats: int = 3
+    contenders: int = 1
 
     def key(self) -> dict:
         """Everything the measured times depend on, as JSON-able values."""
@@ -82,6 +86,7 @@ class CalibrationTarget:
             "dtype": str(self.dtype).removeprefix("torch."),
             "microbatch_size": self.microbatch_size,
             "attention_backend": self.attention_backend,
+            "contenders": self.contenders,
             "torch": torch.__version__,
         }
 
@@ -224,6 +229,49 @@ def _activation_bytes(
     return (saved.nbytes - kv) / target.seq_len, kv / target.seq_len
 
 
+def _whole_sequence_seconds(target: CalibrationTarget, start=None) -> float:
+    """Median time of a block's whole-sequence forward and backward (after ``start.wait()``)."""
+    device = torch.device(target.device)
+    block = LlamaBlock(target.shape, attention_backend=target.attention_backend).to(
+        device, target.dtype
+    )
+    positions = torch.arange(target.seq_len, device=device)[None]
+    plan = SegmentPlan.uniform(target.seq_len, 1)
+    samples: _SAMPLES = {kind: [] for kind in KINDS}
+    inputs = torch.randn(
+        target.microbatch_size, target.seq_len, target.shape.dim, device=device, dtype=target.dtype
+    )
+    _run_plan(block, plan, inputs, positions, False, _Clock(device), samples)
+    if start is not None:
+        start.wait()
+    for _ in range(4 * target.repeats):
+        _run_plan(block, plan, inputs, positions, False, _Clock(device), samples)
+    forwards, backwards = samples["F"][1:], samples["B"][1:]
+    return statistics.median(f[2] + b[2] for f, b in zip(forwards, backwards))
+
+
+def _contender(target: CalibrationTarget, threads: int, start, results) -> None:
+    torch.set_num_threads(threads)
+    results.put(_whole_sequence_seconds(target, start))
+
+
+def _contention(target: CalibrationTarget) -> float:
+    """How much slower a block computes while ``target.contenders`` processes compute at once."""
+    context = torch.multiprocessing.get_context("spawn")
+    start, results = context.Barrier(target.contenders), context.Queue()
+    processes = [
+        context.Process(target=_contender, args=(target, torch.get_num_threads(), start, results))
+        for _ in range(target.contenders)
+    ]
+    for process in processes:
+        process.start()
+    together = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    alone = _whole_sequence_seconds(target)
+    return max(statistics.median(together) / alone, 1.0)
+
+
 def calibrate(target: CalibrationTarget) -> TimeModel:
     """Time one block and the head on ``target.device`` and fit their unit times."""
     device = torch.device(target.device)
@@ -249,6 +297,7 @@ def calibrate(target: CalibrationTarget) -> TimeModel:
         kv_bytes=kv_bytes,
         # KVStore banks prefix gradients in fp32 (or wider) whatever the K/V dtype.
         kv_grad_bytes=kv_bytes * max(4, target.dtype.itemsize) / target.dtype.itemsize,
+        contention=_contention(target) if target.contenders > 1 else 1.0,
         calibrated_for=target.key(),
     )
 

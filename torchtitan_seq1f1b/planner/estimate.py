@@ -4,7 +4,8 @@
 """Predicted step time, bubble and per-rank memory of one segment plan under one schedule.
 
 The schedule's real per-rank order is replayed with the calibrated unit times
-(:func:`~torchtitan_seq1f1b.orders.replay`), and walked for the bytes each
+(:func:`~torchtitan_seq1f1b.orders.replay`; units slow down while other ranks
+sharing the host compute, by the calibrated contention), and walked for the bytes each
 rank holds: every unit's saved activations until its backward (B, or W after
 I), and every microbatch's K/V store from its first forward to its last
 backward, with the fp32 gradient bank from its first backward on.
@@ -16,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from torchtitan_seq1f1b.actions import Order, SegmentAction
-from torchtitan_seq1f1b.orders import replay
+from torchtitan_seq1f1b.orders import replay, Timeline
 from torchtitan_seq1f1b.planner.time_model import TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["PipelineShape", "PlanEstimate", "estimate"]
+__all__ = ["PipelineShape", "PlanEstimate", "contended_replay", "estimate"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,45 @@ def _peak_bytes(
     return int(peak)
 
 
+def _overlap_with_others(timeline: Timeline, order: Order) -> dict[SegmentAction, float]:
+    """Per action, the fraction of its span during which another rank computed."""
+    spans = {rank: sorted(timeline.spans[a] for a in actions) for rank, actions in order.items()}
+    shares = {}
+    for rank, actions in order.items():
+        others = [span for other, found in spans.items() if other != rank for span in found]
+        for action in actions:
+            start, end = timeline.spans[action]
+            if end <= start:
+                shares[action] = 0.0
+                continue
+            shared = sum(max(0.0, min(end, e) - max(start, s)) for s, e in others)
+            shares[action] = min(shared / (end - start), 1.0)
+    return shares
+
+
+def contended_replay(
+    order: Order,
+    duration: Callable[[SegmentAction], float],
+    contention: float,
+    p2p_latency: float = 0.0,
+) -> Timeline:
+    """:func:`replay` where a unit runs ``contention`` times slower while other ranks compute.
+
+    A first replay says when each rank computes; every action is then
+    stretched by ``1 + (contention - 1) * share``, ``share`` being the part of
+    its first-replay span another rank spent computing, and replayed again.
+    """
+    first = replay(order, duration, p2p_latency)
+    if contention == 1.0:
+        return first
+    shares = _overlap_with_others(first, order)
+
+    def stretched(action: SegmentAction) -> float:
+        return duration(action) * (1 + (contention - 1) * shares[action])
+
+    return replay(order, stretched, p2p_latency)
+
+
 def estimate(
     plan: SegmentPlan, partition: str, shape: PipelineShape, model: TimeModel
 ) -> PlanEstimate:
@@ -120,7 +160,7 @@ def estimate(
             action.stage == shape.last_stage,
         )
 
-    timeline = replay(order, seconds)
+    timeline = contended_replay(order, seconds, model.contention)
     return PlanEstimate(
         plan=plan,
         partition=partition,

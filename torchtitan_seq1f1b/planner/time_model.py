@@ -89,6 +89,9 @@ class TimeModel:
         head_activation_bytes: the same for the head and loss.
         kv_bytes: K and V bytes one token occupies in one block's K/V store.
         kv_grad_bytes: the same for the store's fp32 bank of prefix gradients.
+        contention: how much slower a unit runs while the other pipeline ranks
+            compute too (ranks sharing one host's cores and memory bandwidth);
+            1 where every rank owns its device.
         calibrated_for: what was measured (shape, device, dtype, ...): the cache key.
     """
 
@@ -98,6 +101,7 @@ class TimeModel:
     head_activation_bytes: float
     kv_bytes: float
     kv_grad_bytes: float
+    contention: float = 1.0
     calibrated_for: dict = field(default_factory=dict)
 
     def unit_seconds(

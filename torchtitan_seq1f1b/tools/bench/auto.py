@@ -26,8 +26,9 @@ from torchtitan_seq1f1b.tools.simulate import schedule_order, SimConfig
 __all__ = ["auto_row", "calibrated_estimate", "calibrate_bench_model"]
 
 
-def calibrate_bench_model(config: BenchConfig) -> tuple[TimeModel, str]:
-    """The bench model's time model on one CPU thread (what each rank gets), and where it came from."""
+def calibrate_bench_model(config: BenchConfig, refresh: bool = False) -> tuple[TimeModel, str]:
+    """The bench model's time model on one CPU thread per rank, its ``pp`` ranks sharing the
+    machine as they do in the run, and where it came from."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -36,8 +37,9 @@ def calibrate_bench_model(config: BenchConfig) -> tuple[TimeModel, str]:
             seq_len=config.seq_len,
             microbatch_size=config.microbatch_size,
             attention_backend=config.model.attention_backend,
+            contenders=config.pp,
         )
-        model, path, cached = cached_calibration(target)
+        model, path, cached = cached_calibration(target, refresh)
     finally:
         torch.set_num_threads(threads)
     return model, f"{'cached in' if cached else 'calibrated, saved to'} {path}"

@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                           "(k and partition with the least predicted step time)")
     run.add_argument("--memory-budget-gib", type=float, metavar="GIB",
                      help="with --auto: activations + K/V bytes per rank the pick must fit")
+    run.add_argument("--recalibrate", action="store_true",
+                     help="time the block and head again even if this machine's calibration "
+                          "is cached (e.g. it was taken while other work ran)")
     run.add_argument("--no-calibrate", action="store_true",
                      help="skip timing the model's block and head on this machine (then no "
                           "calibrated predictions, no --auto, no time partition)")
@@ -153,8 +156,8 @@ def _config_from_args(
 
 def _add_planner(args: argparse.Namespace, config: BenchConfig, rows: list[BenchRow]):
     """Calibrate (or read the cache), then append the planner's pick per schedule and m."""
-    time_model, source = calibrate_bench_model(config)
-    print(f"time model: {source}", flush=True)
+    time_model, source = calibrate_bench_model(config, refresh=args.recalibrate)
+    print(f"time model: {source}; contention {time_model.contention:.3f}", flush=True)
     config = dataclasses.replace(config, time_model=time_model)
     if not args.auto:
         return config, rows

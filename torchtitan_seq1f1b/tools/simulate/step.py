@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from itertools import accumulate
 
 from torchtitan_seq1f1b.orders import equal_cost_bubble, replay
+from torchtitan_seq1f1b.planner import contended_replay
 from torchtitan_seq1f1b.tools.simulate.config import schedule_order, SimConfig
 from torchtitan_seq1f1b.tools.simulate.memory import rank_memory
 from torchtitan_seq1f1b.tools.simulate.unit_times import action_duration
@@ -113,7 +114,13 @@ def simulate(config: SimConfig) -> SimResult:
     plan = config.plan()
     k, v = plan.num_segments, config.v
     order = schedule_order(config)
-    timeline = replay(order, action_duration(config, plan), config.p2p_latency)
+    duration = action_duration(config, plan)
+    if config.time_model is None:
+        timeline = replay(order, duration, config.p2p_latency)
+    else:
+        timeline = contended_replay(
+            order, duration, config.time_model.contention, config.p2p_latency
+        )
     ranks = []
     for rank, actions in order.items():
         memory = rank_memory(config, plan, actions)
