@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -20,6 +21,7 @@ from torchtitan_seq1f1b import (
 )
 from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
 from torchtitan_seq1f1b.orders import gpipe_order, replay, v_stage_to_rank
+from torchtitan_seq1f1b.planner import estimate, PipelineShape, TimeModel, UnitTime
 from torchtitan_seq1f1b.tools.model_shapes import get_preset, layer_params
 from torchtitan_seq1f1b.tools.simulate import (
     analytic_bubble,
@@ -459,3 +461,26 @@ def test_module_entry_point():
     )
     assert result.returncode == 0, result.stderr
     assert "30B 64xGPU 32k" in result.stdout
+
+
+def test_a_calibrated_simulation_is_the_planners_estimate():
+    unit = UnitTime(2e-6, 1e-9, 1e-4)
+    model = TimeModel(
+        block=dict.fromkeys("FBIW", unit), head=dict.fromkeys("FBIW", UnitTime(1e-6, 0.0, 0.0)),
+        block_activation_bytes=1.0, head_activation_bytes=1.0, kv_bytes=1.0, kv_grad_bytes=1.0,
+        contention=1.2,
+    )
+    shape = TransformerCost(
+        n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
+    )
+    config = SimConfig(model=shape, seq_len=256, pp=2, microbatches=2, segments=4,
+                       partition="time", time_model=model)
+    result = simulate(config)
+    pipeline = PipelineShape(
+        tuple(config.layers_per_stage()), 2, lambda k: schedule_order(replace(config, segments=k))
+    )
+    expected = estimate(config.plan(), "time", pipeline, model)
+    assert result.makespan == pytest.approx(expected.step_seconds)
+    assert result.segment_lengths == expected.plan.lengths
+    with pytest.raises(ValueError, match='partition="time" balances calibrated unit times'):
+        SimConfig(model=shape, seq_len=256, pp=2, microbatches=2, partition="time")

@@ -154,7 +154,6 @@ def _run_plan(
     """
     store = KVStore()
     bind_attention(component, store)
-    is_block = isinstance(component, LlamaBlock)
     params = list(component.parameters())
     pending = []
     for segment, cut in enumerate(plan.slices()):
@@ -165,7 +164,7 @@ def _run_plan(
         samples["F"].append((plan.lengths[segment], plan.ends[segment], clock.seconds))
         pending.append((unit, x, y))
     for unit, x, y in reversed(pending):
-        grad = torch.ones_like(y) if is_block else None
+        grad = None if y.dim() == 0 else torch.ones_like(y)  # the head returns its loss
         span = (plan.lengths[unit.unit.segment], plan.ends[unit.unit.segment])
         with store.running_unit(unit):
             if not split_backward:
