@@ -230,7 +230,13 @@ def _choose(
     try:
         chosen = plan_automatically(request)
     except NoPlanFitsError as error:
-        return None, None, f"seq1f1b.memory_budget_gib={budget / GIB:.3f}: {error}"
+        if options.memory_budget_gib is not None:
+            return None, None, f"seq1f1b.memory_budget_gib={options.memory_budget_gib:g}: {error}"
+        return None, None, (
+            f"seq1f1b.memory_budget_gib unset, so the budget is the least free memory of any "
+            f"rank after its parameters, gradients and Adam states ({budget / GIB:.3f} GiB): "
+            f"{error}; set seq1f1b.memory_budget_gib to give another"
+        )
     best = chosen.recommendation.best
     report = (
         f"Seq1F1B planner (time model {chosen.calibration_source}): k={best.num_segments} "

@@ -12,6 +12,9 @@ show that the comparison fails when Seq1F1B is broken.
 """
 
 import pytest
+import torch
+
+from torchtitan_seq1f1b.planner import CACHE_ENV, CalibrationTarget, GIB, NoPlanFitsError
 
 from tests.harness import (
     assert_same_training,
@@ -22,6 +25,7 @@ from tests.harness import (
     TORCHTITAN_RTOL as RTOL,
     torchrun,
 )
+from tests.integration.calibration_cache import expected_recommendation, write_calibration
 
 
 VALIDATION_ARGS = (
@@ -248,7 +252,8 @@ def test_other_schedules_still_go_to_torchtitan(run, unpipelined):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("--seq1f1b.num_segments", "0"), "seq1f1b.num_segments=0 must be >= 1"),
+        (("--seq1f1b.num_segments", "0"),
+         "seq1f1b.num_segments=0 must be an integer >= 1 or 'auto'"),
         # A kernel that cannot run on this device is found at start-up, not
         # inside the first step on one rank.
         (("--seq1f1b.attention_backend", "varlen"),
@@ -273,3 +278,94 @@ def test_misspelt_key_fails_once_per_node_without_traceback(tmp_path):
     message = "torchtitan_seq1f1b: error: [seq1f1b] num_segment is not an option; did you mean 'num_segments'?"
     assert output.count(message) == 1
     assert "[rank0]: Traceback" not in output and "[rank1]: Traceback" not in output
+
+
+# ---- the planner: num_segments = "auto" ---------------------------------------
+
+PLANNER_ARGS = ("--seq1f1b.num_segments", "auto", "--seq1f1b.partition", "auto")
+
+
+def _test_job_cost():
+    """The debug model's dims at TEST_ARGS, as the adapter reads them."""
+    from torchtitan.config import ConfigManager
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from torchtitan_seq1f1b.integration.titan_0_2.pipeline import _cost_of
+
+    job_config = ConfigManager().parse_args(["--job.config_file", str(DEBUG_CONFIG), *TEST_ARGS])
+    spec = get_train_spec(job_config.model.name)
+    model_args = spec.model_args[job_config.model.flavor]
+    model_args.update_from_config(job_config)
+    with torch.device("meta"):
+        return _cost_of(spec.model_cls(model_args))
+
+
+@pytest.fixture(scope="module")
+def planner_cache(tmp_path_factory):
+    """(cache folder, file, the job's dims): a made-up time model where the job will look for it
+    (float32 without FSDP, 2-sequence microbatches, backend "auto"), so the choice is known."""
+    folder = tmp_path_factory.mktemp("calibration")
+    cost = _test_job_cost()
+    target = CalibrationTarget(
+        shape=cost, seq_len=128, device="cpu", dtype=torch.float32, microbatch_size=2
+    )
+    return folder, write_calibration(folder, target), cost
+
+
+def test_auto_plan_is_the_planners_choice_and_matches_unpipelined(run, unpipelined, planner_cache):
+    """k and partition left to the planner, the default budget (free memory, gathered
+    from both ranks): every rank runs the plan recommend() picks from the cached
+    time model, and trains like the non-pipelined run."""
+    folder, cache_file, cost = planner_cache
+    expected = expected_recommendation(
+        cost, 128, "Seq1F1B", num_ranks=2, stages_per_rank=1, microbatches=2, budget_bytes=None
+    ).best
+    # The made-up model makes the planner pick neither the default nor an evenly cut plan.
+    assert expected.partition == "time" and expected.num_segments not in (1, 4)
+    lengths = list(expected.plan.lengths)
+    planned = run(2, *PLANNER_ARGS, name="auto", extra_env={CACHE_ENV: str(folder)})
+    output = planned.output
+    chosen = (
+        f"Seq1F1B planner (time model read from {cache_file}): k={expected.num_segments} "
+        f"time, lengths {lengths}, predicted step {expected.step_seconds:.4f} s"
+    )
+    used = (
+        f"Using pipeline schedule Seq1F1B with 2 microbatches x {expected.num_segments} "
+        f"segments {lengths}"
+    )
+    # Once per rank (log lines carry no rank).
+    assert output.count(chosen) == 2, [line for line in output.splitlines() if "planner" in line]
+    assert output.count(used) == 2
+    logged = [
+        planned.scalars(f"seq1f1b/segment_len/{j}")[1] for j in range(expected.num_segments)
+    ]
+    assert logged == lengths
+    assert_same_training(planned, unpipelined)
+
+
+def test_auto_plan_over_the_budget_fails_on_every_rank(tmp_path, planner_cache):
+    """A memory_budget_gib no plan fits: both ranks raise the planner's error
+    (rank 0 chose and told rank 1), neither hangs."""
+    folder, _, cost = planner_cache
+    budget_gib = 0.002
+    with pytest.raises(NoPlanFitsError) as in_process:
+        expected_recommendation(
+            cost, 128, "Seq1F1B", 2, 1, 2, budget_bytes=int(budget_gib * GIB)
+        )
+    with pytest.raises(RunFailed) as failure:
+        torchrun(
+            tmp_path, 2, *TEST_ARGS, *PLANNER_ARGS,
+            "--seq1f1b.memory_budget_gib", str(budget_gib),
+            timeout=120,
+            extra_env={CACHE_ENV: str(folder)},
+        )
+    output = failure.value.output
+    message = (
+        "Seq1F1BConfigError: seq1f1b.num_segments='auto', seq1f1b.partition='auto', "
+        "seq1f1b.align=1 (x tp=1), training.seq_len=128: "
+        f"seq1f1b.memory_budget_gib={budget_gib}: {in_process.value}"
+    )
+    for rank in (0, 1):
+        assert f"[rank{rank}]: torchtitan_seq1f1b.integration.plan.{message}" in output
+    assert "Training starts" not in output
+    assert "Connection closed by peer" not in output

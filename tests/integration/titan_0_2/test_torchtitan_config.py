@@ -117,6 +117,54 @@ def test_seq1f1b_section_is_on_the_command_line():
     assert (options.align, options.segment_lengths) == (8, [128, 128])
 
 
+def test_auto_num_segments_parses_from_the_command_line_and_toml(tmp_path):
+    job_config = ConfigManager().parse_args(
+        ["--job.config_file", str(DEBUG_CONFIG), "--seq1f1b.num_segments", "auto",
+         "--seq1f1b.partition", "auto", "--seq1f1b.memory_budget_gib", "1.5"]
+    )
+    options = job_config.seq1f1b
+    assert (options.num_segments, options.partition, options.memory_budget_gib) == (
+        "auto", "auto", 1.5
+    )
+    config = tmp_path / "auto.toml"
+    config.write_text(
+        DEBUG_CONFIG.read_text()
+        .replace("num_segments = 4", 'num_segments = "auto"\nmemory_budget_gib = 0.25')
+        .replace('partition = "balanced"', 'partition = "time"')
+    )
+    options = ConfigManager().parse_args(["--job.config_file", str(config)]).seq1f1b
+    assert (options.num_segments, options.partition, options.memory_budget_gib) == (
+        "auto", "time", 0.25
+    )
+    # The planner's options pass the start-up checks; the plan is chosen on the device.
+    job_config, _, model_args, _ = _job(config)
+    dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
+    _check_job(job_config, dims, model_args, torch.device("cpu"))
+
+
+def test_other_num_segments_strings_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ConfigManager().parse_args(
+            ["--job.config_file", str(DEBUG_CONFIG), "--seq1f1b.num_segments", "many"]
+        )
+    assert "--seq1f1b.num-segments" in capsys.readouterr().err
+    # TOML values are not type-checked while parsing; the start-up checks name them.
+    config = tmp_path / "many.toml"
+    config.write_text(
+        DEBUG_CONFIG.read_text()
+        .replace("num_segments = 4", 'num_segments = "many"')
+        .replace('partition = "balanced"', 'partition = "fastest"')
+    )
+    job_config, _, model_args, _ = _job(config)
+    dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
+    with pytest.raises(Seq1F1BConfigError) as error:
+        _check_job(job_config, dims, model_args, torch.device("cpu"))
+    assert "seq1f1b.num_segments='many' must be an integer >= 1 or 'auto'" in str(error.value)
+    assert (
+        "seq1f1b.partition='fastest' must be one of ('uniform', 'balanced', 'time', 'auto')"
+    ) in str(error.value)
+
+
 def _usage_error(tmp_path, toml_text: str, *args: str) -> str:
     config = tmp_path / "job.toml"
     config.write_text(
@@ -190,8 +238,19 @@ def test_usage_error_prints_on_local_rank_0_only(monkeypatch):
         (("--parallelism.pipeline_parallel_microbatch_size", "3"), {},
          "training.local_batch_size=16 must be a multiple of "
          "parallelism.pipeline_parallel_microbatch_size=3"),
-        (("--seq1f1b.num_segments", "0"), {}, "seq1f1b.num_segments=0 must be >= 1"),
+        (("--seq1f1b.num_segments", "0"), {},
+         "seq1f1b.num_segments=0 must be an integer >= 1 or 'auto'"),
         (("--seq1f1b.num_segments", "300"), {}, "300 segments of at least 1 tokens do not fit in 64"),
+        (("--seq1f1b.num_segments", "auto", "--seq1f1b.segment_lengths", "32", "32"), {},
+         "seq1f1b.segment_lengths=[32, 32] fixes the plan, but num_segments='auto' / "
+         "partition='balanced' ask the planner for one"),
+        (("--seq1f1b.partition", "time", "--seq1f1b.segment_lengths", "32", "32"), {},
+         "seq1f1b.segment_lengths=[32, 32] fixes the plan, but num_segments=4 / "
+         "partition='time' ask the planner for one"),
+        (("--seq1f1b.num_segments", "auto", "--seq1f1b.memory_budget_gib", "0"), {},
+         "seq1f1b.memory_budget_gib=0.0 must be > 0 (or unset)"),
+        (("--seq1f1b.memory_budget_gib", "-2.5"), {},
+         "seq1f1b.memory_budget_gib=-2.5 must be > 0 (or unset)"),
         (("--seq1f1b.num_segments", "130"), {"tp": 2}, "130 segments of at least 2 tokens"),
         (("--training.seq_len", "250", "--seq1f1b.align", "8"), {}, "align=8"),
         (("--training.seq_len", "254"), {"tp": 4}, "x tp=4"),

@@ -50,6 +50,33 @@ def test_every_option_is_a_flag():
     assert (options.attention_backend, options.align, options.segment_lengths) == ("sdpa", 4, [40, 24])
 
 
+def test_planner_options_are_flags_and_pass_the_checks():
+    """num_segments "auto" and the planner's partitions; the plan is chosen on the device."""
+    config = parse(
+        "--seq1f1b.num_segments", "auto",
+        "--seq1f1b.partition", "auto",
+        "--seq1f1b.memory_budget_gib", "1.5",
+    )
+    options = config.seq1f1b
+    assert (options.num_segments, options.partition, options.memory_budget_gib) == (
+        "auto", "auto", 1.5
+    )
+    check_config(config)
+    config = parse("--seq1f1b.partition", "time", "--seq1f1b.num_segments", "3")
+    assert (config.seq1f1b.num_segments, config.seq1f1b.partition) == (3, "time")
+    check_config(config)
+    # A chunked loss with the planner: align keeps every planned length divisible.
+    config = parse("--seq1f1b.num_segments", "auto", "--seq1f1b.align", "8")
+    config.loss = ChunkedLossWrapper.Config(num_chunks=4)
+    check_config(config)
+
+
+def test_other_num_segments_strings_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse("--seq1f1b.num_segments", "many")
+    assert "seq1f1b.num" in capsys.readouterr().err
+
+
 def test_unknown_schedule_is_refused_with_the_choices(capsys):
     with pytest.raises(SystemExit):
         parse("--seq1f1b.schedule", "Seq1F1b")
@@ -84,7 +111,23 @@ def test_every_problem_is_named_at_once():
 @pytest.mark.parametrize(
     "change,message",
     [
-        (lambda c: setattr(c.seq1f1b, "num_segments", 0), "seq1f1b.num_segments=0 must be >= 1"),
+        (lambda c: setattr(c.seq1f1b, "num_segments", 0),
+         "seq1f1b.num_segments=0 must be an integer >= 1 or 'auto'"),
+        (lambda c: setattr(c.seq1f1b, "num_segments", "many"),
+         "seq1f1b.num_segments='many' must be an integer >= 1 or 'auto'"),
+        (lambda c: (setattr(c.seq1f1b, "num_segments", "auto"),
+                    setattr(c.seq1f1b, "segment_lengths", [32, 32])),
+         "seq1f1b.segment_lengths=[32, 32] fixes the plan, but num_segments='auto' / "
+         "partition='balanced' ask the planner for one"),
+        (lambda c: (setattr(c.seq1f1b, "partition", "auto"),
+                    setattr(c.seq1f1b, "segment_lengths", [32, 32])),
+         "seq1f1b.segment_lengths=[32, 32] fixes the plan, but num_segments=4 / "
+         "partition='auto' ask the planner for one"),
+        (lambda c: (setattr(c.seq1f1b, "num_segments", "auto"),
+                    setattr(c.seq1f1b, "memory_budget_gib", 0.0)),
+         "seq1f1b.memory_budget_gib=0.0 must be > 0 (or unset)"),
+        (lambda c: setattr(c.seq1f1b, "memory_budget_gib", -1.0),
+         "seq1f1b.memory_budget_gib=-1.0 must be > 0 (or unset)"),
         (lambda c: setattr(c.seq1f1b, "segment_lengths", [32, 16]),
          "seq1f1b.segment_lengths=[32, 16] sum to 48, not 64"),
         (lambda c: setattr(c.parallelism, "context_parallel_degree", 2),
@@ -94,8 +137,17 @@ def test_every_problem_is_named_at_once():
          "activation_checkpoint:selective cannot run under seq1f1b.schedule='Seq1F1BZeroBubble'"),
         (lambda c: setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=5)),
          "loss.num_chunks=5 must divide every segment length [16, 16, 16, 16]"),
+        (lambda c: (setattr(c.seq1f1b, "num_segments", "auto"),
+                    setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=4))),
+         "loss.num_chunks=4 must divide every segment length (the chunked loss cuts each "
+         "segment's output), but seq1f1b.num_segments='auto' / partition='balanced' let the "
+         "planner choose lengths that are only multiples of 1"),
     ],
-    ids=["num_segments", "segment_lengths", "context_parallel", "selective_ac", "chunked_loss"],
+    ids=[
+        "num_segments", "num_segments_string", "auto_with_lengths", "auto_partition_with_lengths",
+        "zero_budget", "negative_budget", "segment_lengths", "context_parallel", "selective_ac",
+        "chunked_loss", "planned_chunked_loss",
+    ],
 )
 def test_bad_option_is_named(change, message):
     config = seq1f1b_debug()
@@ -137,7 +189,8 @@ def test_torch_schedules_with_checkpointing_are_refused_on_cpu(monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("--seq1f1b.num_segments", "0"), "seq1f1b.num_segments=0 must be >= 1"),
+        (("--seq1f1b.num_segments", "0"),
+         "seq1f1b.num_segments=0 must be an integer >= 1 or 'auto'"),
         # A kernel that cannot run on this device is found at start-up, not
         # inside the first step on one rank.
         (("--seq1f1b.attention_backend", "varlen"),

@@ -14,15 +14,22 @@ would hide in the loss curve. Negative controls show that the comparison
 fails when Seq1F1B is broken.
 """
 
+import math
+
 import pytest
+import torch
+
+from torchtitan_seq1f1b.planner import CACHE_ENV, CalibrationTarget, GIB, NoPlanFitsError
 
 from tests.harness import (
     assert_same_training,
     largest_difference,
+    RunFailed,
     TEST_ARGS,
     TORCHTITAN_RTOL as RTOL,
     torchrun,
 )
+from tests.integration.calibration_cache import expected_recommendation, write_calibration
 
 UNPIPELINED = ("--parallelism.pipeline_parallel_degree", "1")
 # Seq1F1B evaluates (forward only) with the training plan.
@@ -163,3 +170,98 @@ def test_resume_continues_the_uninterrupted_run(run, tmp_path):
     assert sorted(resumed.losses) == [4, 5, 6]
     for step, loss in resumed.losses.items():
         assert loss == pytest.approx(uninterrupted.losses[step], rel=1e-6), step
+
+
+# ---- the planner: num_segments = "auto" ---------------------------------------
+
+PLANNER_ARGS = ("--seq1f1b.num_segments", "auto", "--seq1f1b.partition", "auto")
+
+
+@pytest.fixture(scope="module")
+def planner_cache(tmp_path_factory):
+    """(cache folder, file, the job's dims): a made-up time model where the job will look for it
+    (float32, 2-sequence microbatches, backend "auto"), so the choice is known."""
+    from torchtitan.config import ConfigManager
+
+    from torchtitan_seq1f1b.integration.titan_0_3.plan import transformer_cost
+
+    config = ConfigManager().parse_args(
+        ["--module", "torchtitan_seq1f1b", "--config", "seq1f1b_debug", *TEST_ARGS]
+    )
+    cost = transformer_cost(config.model_spec.model)
+    folder = tmp_path_factory.mktemp("calibration")
+    target = CalibrationTarget(
+        shape=cost, seq_len=128, device="cpu", dtype=torch.float32, microbatch_size=2
+    )
+    return folder, write_calibration(folder, target), cost
+
+
+def _recommendation(cost, budget_bytes):
+    return expected_recommendation(
+        cost, 128, "Seq1F1B", num_ranks=2, stages_per_rank=1, microbatches=2,
+        budget_bytes=budget_bytes,
+    )
+
+
+def test_auto_plan_within_the_budget_matches_unpipelined(run, unpipelined, planner_cache):
+    """k and partition left to the planner under a memory_budget_gib the fastest
+    plan exceeds: every rank runs the plan recommend() picks within it from the
+    cached time model, and trains like the non-pipelined run."""
+    folder, cache_file, cost = planner_cache
+    fastest = _recommendation(cost, None).best
+    # Just below the fastest plan's peak (in millionths of a GiB, as a flag gives it).
+    budget_gib = math.floor((max(fastest.peak_bytes) - 1) / GIB * 1e6) / 1e6
+    expected = _recommendation(cost, int(budget_gib * GIB)).best
+    assert (expected.num_segments, expected.partition) != (fastest.num_segments, fastest.partition)
+    assert expected.num_segments not in (1, 4)  # neither k=1 nor the config's k
+    lengths = list(expected.plan.lengths)
+    planned = run(
+        2, *PLANNER_ARGS, "--seq1f1b.memory_budget_gib", repr(budget_gib),
+        name="auto", extra_env={CACHE_ENV: str(folder)},
+    )
+    output = planned.output
+    chosen = (
+        f"Seq1F1B planner (time model read from {cache_file}): k={expected.num_segments} "
+        f"{expected.partition}, lengths {lengths}, predicted step {expected.step_seconds:.4f} s"
+    )
+    used = (
+        f"Using pipeline schedule Seq1F1B on the stage layout of 1F1B with 2 microbatches "
+        f"x {expected.num_segments} segments {lengths}"
+    )
+    # Once per rank (log lines carry no rank).
+    assert output.count(chosen) == 2, [line for line in output.splitlines() if "planner" in line]
+    assert output.count(f"within {budget_gib:.3f} GiB") == 2
+    assert output.count(used) == 2
+    logged = [
+        planned.scalars(f"seq1f1b/segment_len/{j}")[1] for j in range(expected.num_segments)
+    ]
+    assert logged == lengths
+    assert_same_training(planned, unpipelined)
+
+
+def test_auto_plan_over_the_budget_fails_on_every_rank(tmp_path, planner_cache):
+    """A memory_budget_gib no plan fits: both ranks raise the planner's error
+    (rank 0 chose and told rank 1), neither hangs."""
+    folder, _, cost = planner_cache
+    budget_gib = 0.002
+    with pytest.raises(NoPlanFitsError) as in_process:
+        _recommendation(cost, int(budget_gib * GIB))
+    with pytest.raises(RunFailed) as failure:
+        torchrun(
+            tmp_path, 2, *TEST_ARGS, *PLANNER_ARGS,
+            "--seq1f1b.memory_budget_gib", str(budget_gib),
+            timeout=120,
+            extra_env={CACHE_ENV: str(folder)},
+        )
+    output = failure.value.output
+    message = (
+        "Seq1F1BConfigError: seq1f1b.num_segments='auto', seq1f1b.partition='auto', "
+        "seq1f1b.align=1 (x tp=1), training.seq_len=128: "
+        f"seq1f1b.memory_budget_gib={budget_gib}: {in_process.value}"
+    )
+    for rank in (0, 1):
+        assert f"[rank{rank}]: torchtitan_seq1f1b.integration.plan.{message}" in output, (
+            output[-4000:]
+        )
+    assert "Training starts" not in output
+    assert "Connection closed by peer" not in output

@@ -10,6 +10,8 @@ the device and the parameter dtype, is checked by the pipelining function
 (:func:`check_attention_backend`), still before any pipeline message.
 """
 
+import math
+
 import torch
 
 from torchtitan.components.loss import ChunkedLossWrapper
@@ -124,7 +126,26 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
             problems.append(str(error))
         else:
             problems += _chunked_loss_problems(config, plan.lengths)
+    elif uses_planner(options):
+        problems += _planned_chunked_loss_problems(config)
     return problems
+
+
+def _planned_chunked_loss_problems(config: Trainer.Config) -> list[str]:
+    """The planner's lengths are multiples of lcm(align, tp), and of nothing else."""
+    loss, options = config.loss, config.seq1f1b
+    if not isinstance(loss, ChunkedLossWrapper.Config):
+        return []
+    align = math.lcm(options.align, config.parallelism.tensor_parallel_degree)
+    if align % loss.num_chunks == 0:
+        return []
+    return [
+        f"loss.num_chunks={loss.num_chunks} must divide every segment length (the chunked "
+        f"loss cuts each segment's output), but seq1f1b.num_segments={options.num_segments!r} / "
+        f"partition={options.partition!r} let the planner choose lengths that are only "
+        f"multiples of {align} (seq1f1b.align={options.align} x tp); raise seq1f1b.align to a "
+        f"multiple of {loss.num_chunks}, or lower loss.num_chunks"
+    ]
 
 
 def _chunked_loss_problems(config: Trainer.Config, lengths: tuple[int, ...]) -> list[str]:

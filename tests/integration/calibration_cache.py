@@ -1,0 +1,115 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Jobs that leave the plan to the planner, made deterministic: a time model written into the
+calibration cache before the job starts, and the plan :func:`recommend` picks from it in-process.
+
+The job finds the cache through ``$SEQ1F1B_CALIBRATION_CACHE`` and reads it
+instead of timing the model, when the file's key is the one the job computes:
+the model's dims, ``training.seq_len``, the device with the thread count the
+torchrun harness gives every process (``OMP_NUM_THREADS=1``), the compute
+dtype, the microbatch size, the attention backend and torch's version. A
+mismatch makes the job measure instead and log "measured, saved to": the
+tests assert "read from".
+"""
+
+import contextlib
+import dataclasses
+import importlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES
+from torchtitan_seq1f1b.planner.calibrate import CACHE_ENV, cached_calibration, CalibrationTarget
+from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation, recommend
+from torchtitan_seq1f1b.planner.estimate import PipelineShape
+from torchtitan_seq1f1b.planner.time_model import TimeModel, UnitTime
+from torchtitan_seq1f1b.segmenting import TransformerCost
+
+__all__ = ["TIME_MODEL", "TORCHRUN_THREADS", "expected_recommendation", "write_calibration"]
+
+# The module (the package exports its function ``calibrate`` under the same name).
+_calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
+
+TORCHRUN_THREADS = 1  # tests.harness.torchrun sets OMP_NUM_THREADS=1
+
+# Made up, not measured: attention-heavy segments (per_pair) against a per-unit
+# overhead that makes very many short segments slow, so the fastest plan has a
+# few segments cut by the "time" partition, unlike "balanced" (FLOPs) cuts.
+_BLOCK_F = UnitTime(per_token=1e-6, per_pair=2e-7, per_unit=2e-5)
+TIME_MODEL = TimeModel(
+    block={
+        "F": _BLOCK_F,
+        "B": UnitTime(2 * _BLOCK_F.per_token, 2.5 * _BLOCK_F.per_pair, 2 * _BLOCK_F.per_unit),
+        "I": UnitTime(_BLOCK_F.per_token, 1.5 * _BLOCK_F.per_pair, _BLOCK_F.per_unit),
+        "W": UnitTime(_BLOCK_F.per_token, _BLOCK_F.per_pair, _BLOCK_F.per_unit),
+    },
+    head={
+        "F": UnitTime(6e-6, 0.0, 1e-5),
+        "B": UnitTime(1.2e-5, 0.0, 2e-5),
+        "I": UnitTime(6e-6, 0.0, 1e-5),
+        "W": UnitTime(6e-6, 0.0, 1e-5),
+    },
+    block_activation_bytes=16384.0,
+    head_activation_bytes=65536.0,
+    kv_bytes=2048.0,
+    kv_grad_bytes=2048.0,
+)
+
+
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def write_calibration(
+    folder: Path, target: CalibrationTarget, model: TimeModel = TIME_MODEL
+) -> Path:
+    """Put ``model`` in the cache at ``folder`` as the calibration of ``target`` run under torchrun.
+
+    The planner's own cache writes it (``calibrate`` replaced), so the file's
+    name and key are whatever the job will look up.
+    """
+    with (
+        _threads(TORCHRUN_THREADS),
+        mock.patch.dict(os.environ, {CACHE_ENV: str(folder)}),
+        mock.patch.object(
+            _calibrate_module,
+            "calibrate",
+            lambda t: dataclasses.replace(model, calibrated_for=t.key()),
+        ),
+    ):
+        _, path, cached = cached_calibration(target)
+    assert not cached and path.parent == folder
+    return path
+
+
+def expected_recommendation(
+    cost: TransformerCost,
+    seq_len: int,
+    schedule: str,
+    num_ranks: int,
+    stages_per_rank: int,
+    microbatches: int,
+    budget_bytes: int | None,
+    model: TimeModel = TIME_MODEL,
+    partitions: tuple[str, ...] = PARTITIONS,
+) -> Recommendation:
+    """What the planner must choose for such a job, computed here from ``model`` directly."""
+    order_for = SCHEDULES[schedule].schedule_class.order_for
+    shape = PipelineShape.even(
+        cost.n_layers,
+        num_ranks * stages_per_rank,
+        microbatches,
+        lambda k: order_for(num_ranks, stages_per_rank, microbatches, k),
+    )
+    return recommend(shape, model, cost, seq_len, budget_bytes=budget_bytes, partitions=partitions)
