@@ -12,6 +12,7 @@ torchtitan job runs on the stack it is written for (a TOML config: 0.2.2;
 ``--module``: 0.3) and is skipped on the other.
 """
 
+import hashlib
 import re
 import shlex
 import shutil
@@ -52,11 +53,16 @@ def documented_commands() -> list[str]:
     return commands
 
 
+def _job_folder(config: str, command: str) -> str:
+    """A dump folder per command: two jobs of one config (other flags) must not share checkpoints."""
+    return f"{config}-{hashlib.sha1(command.encode()).hexdigest()[:8]}"
+
+
 def smoke(command: str, scratch) -> list[str]:
     """argv of ``command`` at smoke size.
 
-    torchrun jobs: 2 steps into a scratch dump folder of their own (one
-    job's checkpoint would make the next resume from it); benchmark: --quick,
+    torchrun jobs: 2 steps into a scratch dump folder of their own, per
+    command (one job's checkpoint would make the next resume from it); benchmark: --quick,
     1 step, two schedules unless others are named; pytest: collection only
     (running the suite from inside it would recurse).
     """
@@ -69,7 +75,8 @@ def smoke(command: str, scratch) -> list[str]:
             dump_flag = "--job.dump_folder"
         argv = [sys.executable, "-m", "torch.distributed.run", "--rdzv_backend", "c10d",
                 "--rdzv_endpoint", "localhost:0", *argv[1:],
-                "--training.steps", "2", dump_flag, str(scratch / "outputs" / config)]
+                "--training.steps", "2",
+                dump_flag, str(scratch / "outputs" / _job_folder(config, command))]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     module = argv[2]
