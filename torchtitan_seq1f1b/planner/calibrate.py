@@ -75,7 +75,8 @@ class CalibrationTarget:
         if device.type == "cuda":
             hardware = torch.cuda.get_device_name(device)
         else:
-            hardware = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+            threads = torch.get_num_threads()
+            hardware = f"{platform.processor() or platform.machine()}, {threads} thread(s)"
         return {
             "shape": {
                 name: getattr(self.shape, name)
