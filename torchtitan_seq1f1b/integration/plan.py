@@ -190,7 +190,11 @@ def _planned(
         budget = min(budgets)
     outcome = [None]
     if not distributed or dist.get_rank() == 0:
-        outcome = [_choose(options, seq_len, align, cost, job, budget)]
+        try:
+            outcome = [_choose(options, seq_len, align, cost, job, budget)]
+        except Exception as error:  # noqa: BLE001 - the other ranks wait in the broadcast
+            failure = f"the planner failed on rank 0: {type(error).__name__}: {error}"
+            outcome = [(None, None, failure)]
     if distributed:
         dist.broadcast_object_list(outcome, src=0)
     lengths, report, error = outcome[0]

@@ -1,0 +1,65 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""The planner's path through ``plan_segments``, whichever torchtitan is installed.
+
+Rank 0 chooses and every rank hears its choice or its failure: a failing
+calibration must reach the other ranks as an error, not leave them waiting.
+"""
+
+import pytest
+import torch
+
+from torchtitan_seq1f1b.check.launch import run_ranks
+from torchtitan_seq1f1b.integration import plan as integration_plan
+from torchtitan_seq1f1b.integration.options import Seq1F1B
+from torchtitan_seq1f1b.integration.plan import PlannerJob, plan_segments, Seq1F1BConfigError
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.segmenting import TransformerCost
+
+SHAPE = TransformerCost(
+    n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
+)
+AUTO = Seq1F1B(num_segments="auto", partition="auto", memory_budget_gib=1.0)
+
+
+def _job() -> PlannerJob:
+    return PlannerJob(
+        num_ranks=2, stages_per_rank=1, microbatches=2, order_for=ScheduleSeq1F1B.order_for,
+        device=torch.device("cpu"), dtype=torch.float32, microbatch_size=1, parameters=10_000,
+    )
+
+
+def _failing_calibration(request):
+    raise RuntimeError("CUDA out of memory")
+
+
+def test_the_planner_needs_the_jobs_layout():
+    with pytest.raises(Seq1F1BConfigError, match="the planner needs the job's layout"):
+        plan_segments(AUTO, 64, 1, SHAPE)
+
+
+def test_a_failing_calibration_is_a_config_error(monkeypatch):
+    monkeypatch.setattr(integration_plan, "plan_automatically", _failing_calibration)
+    with pytest.raises(
+        Seq1F1BConfigError,
+        match="seq1f1b.num_segments='auto'.*planner failed on rank 0: RuntimeError: CUDA out of",
+    ):
+        plan_segments(AUTO, 64, 1, SHAPE, _job(), log=lambda line: None)
+
+
+def _plan_on_rank(rank: int, world_size: int, fail: bool) -> str:
+    if fail and rank == 0:
+        integration_plan.plan_automatically = _failing_calibration
+    try:
+        return str(plan_segments(AUTO, 64, 1, SHAPE, _job(), log=lambda line: None).lengths)
+    except Seq1F1BConfigError as error:
+        return f"error: {error}"
+
+
+def test_every_rank_gets_rank_0s_plan_or_its_failure():
+    planned = run_ranks(_plan_on_rank, 2, False, timeout=120)
+    assert planned[0] == planned[1] and not planned[0].startswith("error")
+    failed = run_ranks(_plan_on_rank, 2, True, timeout=120)
+    assert failed[0] == failed[1]
+    assert "planner failed on rank 0: RuntimeError: CUDA out of memory" in failed[1]
