@@ -24,9 +24,9 @@ from unittest import mock
 import torch
 
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
+from torchtitan_seq1f1b.planner.auto import AutoPlanRequest, recommend_for
 from torchtitan_seq1f1b.planner.calibrate import CACHE_ENV, cached_calibration, CalibrationTarget
-from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation, recommend
-from torchtitan_seq1f1b.planner.estimate import PipelineShape
+from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation
 from torchtitan_seq1f1b.planner.time_model import TimeModel, UnitTime
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
@@ -105,11 +105,14 @@ def expected_recommendation(
     partitions: tuple[str, ...] = PARTITIONS,
 ) -> Recommendation:
     """What the planner must choose for such a job, computed here from ``model`` directly."""
-    order_for = SCHEDULES[schedule].schedule_class.order_for
-    shape = PipelineShape.even(
-        cost.n_layers,
-        num_ranks * stages_per_rank,
-        microbatches,
-        lambda k: order_for(num_ranks, stages_per_rank, microbatches, k),
+    request = AutoPlanRequest(
+        shape=cost,
+        seq_len=seq_len,
+        num_ranks=num_ranks,
+        stages_per_rank=stages_per_rank,
+        microbatches=microbatches,
+        order_for=SCHEDULES[schedule].schedule_class.order_for,
+        budget_bytes=budget_bytes,
+        partitions=partitions,
     )
-    return recommend(shape, model, cost, seq_len, budget_bytes=budget_bytes, partitions=partitions)
+    return recommend_for(request, model)

@@ -101,7 +101,7 @@ def test_time_partition_needs_a_time_model():
 
 def _shape(pp=2, m=2, schedule=ScheduleSeq1F1B, stages_per_rank=1) -> PipelineShape:
     return PipelineShape.even(
-        SHAPE.n_layers, pp * stages_per_rank, m,
+        SHAPE.n_layers, pp * stages_per_rank,
         lambda k: schedule.order_for(pp, stages_per_rank, m, k),
     )
 
@@ -131,7 +131,7 @@ def test_estimate_matches_seq1f1b_theory_for_rank_0_memory():
 def test_estimate_replays_the_schedules_own_order():
     model = _model()
     orders = []
-    shape = PipelineShape((2, 2), 2, lambda k: orders.append(k) or seq1f1b_order(2, 2, k))
+    shape = PipelineShape((2, 2), lambda k: orders.append(k) or seq1f1b_order(2, 2, k))
     estimate(SegmentPlan.uniform(64, 4), "uniform", shape, model)
     assert orders == [4]
 
@@ -176,7 +176,7 @@ def test_recommend_respects_align_and_segment_counts():
 
 def test_pipeline_shape_refuses_more_stages_than_blocks():
     with pytest.raises(ValueError, match="at least as many blocks"):
-        PipelineShape.even(2, 4, 2, lambda k: {})
+        PipelineShape.even(2, 4, lambda k: {})
 
 
 def _target(**changes) -> CalibrationTarget:

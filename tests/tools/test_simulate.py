@@ -477,7 +477,7 @@ def test_a_calibrated_simulation_is_the_planners_estimate():
                        partition="time", time_model=model)
     result = simulate(config)
     pipeline = PipelineShape(
-        tuple(config.layers_per_stage()), 2, lambda k: schedule_order(replace(config, segments=k))
+        tuple(config.layers_per_stage()), lambda k: schedule_order(replace(config, segments=k))
     )
     expected = estimate(config.plan(), "time", pipeline, model)
     assert result.makespan == pytest.approx(expected.step_seconds)

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,11 +30,11 @@ from torchtitan_seq1f1b.planner import (
     plan_automatically,
 )
 from torchtitan_seq1f1b.planner.auto import OrderFor
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
     "PlannerJob",
-    "heaviest_rank_parameters",
     "Seq1F1BConfigError",
     "plan_segments",
     "planner_problems",
@@ -74,6 +75,33 @@ class PlannerJob:
     parameters: int
     state_shards: int = 1
 
+    @classmethod
+    def for_stages(
+        cls,
+        model: nn.Module,
+        module_names_per_stage: list[list[str]],
+        parallel_dims: Any,
+        schedule_class: type[ScheduleSeq1F1B],
+        microbatch_size: int,
+        n_microbatches: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> "PlannerJob":
+        """The job that splits ``model`` into ``module_names_per_stage`` over
+        ``parallel_dims.pp`` ranks (torchtitan's ``ParallelDims``, any release)."""
+        num_ranks = parallel_dims.pp
+        return cls(
+            num_ranks=num_ranks,
+            stages_per_rank=len(module_names_per_stage) // num_ranks,
+            microbatches=n_microbatches,
+            order_for=schedule_class.order_for,
+            device=torch.device(device),
+            dtype=dtype,
+            microbatch_size=microbatch_size,
+            parameters=_heaviest_rank_parameters(model, module_names_per_stage, num_ranks),
+            state_shards=parallel_dims.dp_shard if parallel_dims.fsdp_enabled else 1,
+        )
+
     def free_bytes(self) -> int:
         """Memory left on this rank's device for activations and K/V."""
         if self.device.type == "cuda":
@@ -85,7 +113,7 @@ class PlannerJob:
         return free - states
 
 
-def heaviest_rank_parameters(
+def _heaviest_rank_parameters(
     model: nn.Module, module_names_per_stage: list[list[str]], num_ranks: int
 ) -> int:
     """Parameters of the largest stage times stages per rank: a bound on any rank's share.
@@ -183,10 +211,11 @@ def _planned(
     if options.memory_budget_gib is not None:
         budget = int(options.memory_budget_gib * GIB)
     else:
-        budgets = [job.free_bytes()]
+        free = job.free_bytes()
+        budgets = [free]
         if distributed:
             budgets = [None] * dist.get_world_size()
-            dist.all_gather_object(budgets, job.free_bytes())
+            dist.all_gather_object(budgets, free)
         budget = min(budgets)
     outcome = [None]
     if not distributed or dist.get_rank() == 0:

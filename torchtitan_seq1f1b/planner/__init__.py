@@ -16,7 +16,12 @@
 call it for ``num_segments = "auto"``.
 """
 
-from torchtitan_seq1f1b.planner.auto import AutoPlan, AutoPlanRequest, plan_automatically
+from torchtitan_seq1f1b.planner.auto import (
+    AutoPlan,
+    AutoPlanRequest,
+    plan_automatically,
+    recommend_for,
+)
 from torchtitan_seq1f1b.planner.calibrate import (
     CACHE_ENV,
     cached_calibration,
@@ -35,6 +40,7 @@ from torchtitan_seq1f1b.planner.choose import (
 from torchtitan_seq1f1b.planner.estimate import (
     contended_replay,
     estimate,
+    even_stage_blocks,
     PipelineShape,
     PlanEstimate,
 )
@@ -61,8 +67,10 @@ __all__ = [
     "causal_pairs",
     "contended_replay",
     "estimate",
+    "even_stage_blocks",
     "fit_unit_time",
     "plan_automatically",
     "recommend",
+    "recommend_for",
     "segment_plan",
 ]

@@ -17,7 +17,7 @@ from torchtitan_seq1f1b.planner.estimate import PipelineShape
 from torchtitan_seq1f1b.planner.time_model import TimeModel
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["AutoPlanRequest", "AutoPlan", "plan_automatically"]
+__all__ = ["AutoPlanRequest", "AutoPlan", "plan_automatically", "recommend_for"]
 
 OrderFor = Callable[[int, int, int, int], Order]
 """``(num_ranks, stages_per_rank, n_microbatches, num_segments) -> Order``:
@@ -80,6 +80,12 @@ def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
         attention_backend=request.attention_backend,
     )
     model, path, cached = cached_calibration(target, refresh=request.refresh)
+    source = f"{'read from' if cached else 'measured, saved to'} {path}"
+    return AutoPlan(recommend_for(request, model), model, source)
+
+
+def recommend_for(request: AutoPlanRequest, model: TimeModel) -> Recommendation:
+    """The plan ``request`` gets from an already calibrated ``model``."""
     stages = request.num_ranks * request.stages_per_rank
 
     def order(num_segments: int) -> Order:
@@ -87,9 +93,8 @@ def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
             request.num_ranks, request.stages_per_rank, request.microbatches, num_segments
         )
 
-    shape = PipelineShape.even(request.shape.n_layers, stages, request.microbatches, order)
-    recommendation = recommend(
-        shape,
+    return recommend(
+        PipelineShape.even(request.shape.n_layers, stages, order),
         model,
         request.shape,
         request.seq_len,
@@ -98,5 +103,3 @@ def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
         partitions=request.partitions,
         segment_counts=request.segment_counts,
     )
-    source = f"{'read from' if cached else 'measured, saved to'} {path}"
-    return AutoPlan(recommendation, model, source)

@@ -21,7 +21,13 @@ from torchtitan_seq1f1b.orders import replay, Timeline
 from torchtitan_seq1f1b.planner.time_model import TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["PipelineShape", "PlanEstimate", "contended_replay", "estimate"]
+__all__ = ["PipelineShape", "PlanEstimate", "contended_replay", "estimate", "even_stage_blocks"]
+
+
+def even_stage_blocks(n_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Blocks per stage, split as evenly as they go, a remainder on the earliest stages."""
+    base, extra = divmod(n_layers, num_stages)
+    return tuple(base + (1 if s < extra else 0) for s in range(num_stages))
 
 
 @dataclass(frozen=True)
@@ -31,12 +37,10 @@ class PipelineShape:
     Args:
         stage_blocks: transformer blocks on each stage, by stage index; the
             last stage also holds the head.
-        microbatches: microbatches per step.
         order: the schedule's per-rank order for ``k`` segments per microbatch.
     """
 
     stage_blocks: tuple[int, ...]
-    microbatches: int
     order: Callable[[int], Order]
 
     @property
@@ -44,22 +48,14 @@ class PipelineShape:
         return len(self.stage_blocks) - 1
 
     @classmethod
-    def even(
-        cls,
-        n_layers: int,
-        num_stages: int,
-        microbatches: int,
-        order: Callable[[int], Order],
-    ) -> PipelineShape:
-        """Blocks split as evenly as they go, a remainder on the earliest stages."""
+    def even(cls, n_layers: int, num_stages: int, order: Callable[[int], Order]) -> PipelineShape:
+        """Blocks split by :func:`even_stage_blocks`."""
         if num_stages > n_layers:
             raise ValueError(
                 f"{num_stages} pipeline stages need at least as many blocks, the model has "
                 f"{n_layers}; use fewer pipeline ranks or stages per rank"
             )
-        base, extra = divmod(n_layers, num_stages)
-        blocks = tuple(base + (1 if s < extra else 0) for s in range(num_stages))
-        return cls(blocks, microbatches, order)
+        return cls(even_stage_blocks(n_layers, num_stages), order)
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,9 @@ class ScheduleSeq1F1BZBV(ScheduleSeq1F1B):
     input gradients; at most ``2 * (p + k - 1)`` half-stage units await their
     weight gradient (Seq1F1B's rank-0 activation memory)
     (:func:`~torchtitan_seq1f1b.orders.seq1f1b_zbv_order`). With k = 1 it
-    runs torch's ZBVZeroBubble order. Any m and k work. Takes the same arguments as :class:`ScheduleSeq1F1B`,
-    with ``stages`` this rank's two stages.
+    runs torch's ZBVZeroBubble order. Any m and k work. Takes the same
+    arguments as :class:`ScheduleSeq1F1B`, with ``stages`` this rank's two
+    stages.
     """
 
     @staticmethod

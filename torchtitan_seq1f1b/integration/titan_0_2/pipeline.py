@@ -40,7 +40,6 @@ from torchtitan_seq1f1b.integration.titan_0_2.attention import (
 )
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
 from torchtitan_seq1f1b.integration.plan import (
-    heaviest_rank_parameters,
     plan_segments,
     planner_problems,
     PlannerJob,
@@ -79,16 +78,15 @@ def pipeline_llm_seq1f1b(
     n_microbatches = (
         job_config.training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
     )
-    planner_job = PlannerJob(
-        num_ranks=parallel_dims.pp,
-        stages_per_rank=len(module_names) // parallel_dims.pp,
-        microbatches=n_microbatches,
-        order_for=entry.schedule_class.order_for,
-        device=torch.device(device),
-        dtype=_attention_target(job_config, parallel_dims, model_args, device).dtype,
-        microbatch_size=parallelism.pipeline_parallel_microbatch_size,
-        parameters=heaviest_rank_parameters(model, module_names, parallel_dims.pp),
-        state_shards=parallel_dims.dp_shard if parallel_dims.fsdp_enabled else 1,
+    planner_job = PlannerJob.for_stages(
+        model,
+        module_names,
+        parallel_dims,
+        entry.schedule_class,
+        parallelism.pipeline_parallel_microbatch_size,
+        n_microbatches,
+        device,
+        _attention_target(job_config, parallel_dims, model_args, device).dtype,
     )
     plan = segment_plan_for(job_config, model, parallel_dims, planner_job)
 

@@ -38,7 +38,7 @@ from torchtitan.protocols.model_spec import ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
-from torchtitan_seq1f1b.integration.plan import heaviest_rank_parameters, PlannerJob
+from torchtitan_seq1f1b.integration.plan import PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     check_attention_backend,
     compute_dtype,
@@ -106,16 +106,15 @@ def pipeline_llm_seq1f1b(
         num_stages, num_layers, input_weight, output_weight
     )
     n_microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
-    planner_job = PlannerJob(
-        num_ranks=parallel_dims.pp,
-        stages_per_rank=len(module_names) // parallel_dims.pp,
-        microbatches=n_microbatches,
-        order_for=entry.schedule_class.order_for,
-        device=torch.device(device),
-        dtype=compute_dtype(training, parallel_dims),
-        microbatch_size=parallelism.pipeline_parallel_microbatch_size,
-        parameters=heaviest_rank_parameters(model, module_names, parallel_dims.pp),
-        state_shards=parallel_dims.dp_shard if parallel_dims.fsdp_enabled else 1,
+    planner_job = PlannerJob.for_stages(
+        model,
+        module_names,
+        parallel_dims,
+        entry.schedule_class,
+        parallelism.pipeline_parallel_microbatch_size,
+        n_microbatches,
+        device,
+        compute_dtype(training, parallel_dims),
     )
     plan = segment_plan_for(
         options, training.seq_len, parallel_dims.tp, model_config, planner_job

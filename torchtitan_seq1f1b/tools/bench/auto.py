@@ -59,7 +59,7 @@ def _pipeline_shape(config: BenchConfig, schedule: str, microbatches: int) -> Pi
     def order(num_segments: int):
         return schedule_order(replace(probe, segments=num_segments))
 
-    return PipelineShape(tuple(probe.layers_per_stage()), microbatches, order)
+    return PipelineShape(tuple(probe.layers_per_stage()), order)
 
 
 def calibrated_estimate(config: BenchConfig, row: BenchRow) -> PlanEstimate:

@@ -12,7 +12,12 @@ from collections.abc import Sequence
 
 from torchtitan_seq1f1b.planner import GIB, PARTITIONS
 from torchtitan_seq1f1b.tools.bench.auto import auto_row, calibrate_bench_model
-from torchtitan_seq1f1b.tools.simulate import number_at_least, positive_int, write_json
+from torchtitan_seq1f1b.tools.simulate import (
+    number_at_least,
+    positive_float,
+    positive_int,
+    write_json,
+)
 from torchtitan_seq1f1b.tools.bench.config import (
     BenchConfig,
     BenchRow,
@@ -53,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--auto", action="store_true",
                      help="add, per Seq1F1B schedule and m, the row the planner picks "
                           "(k and partition with the least predicted step time)")
-    run.add_argument("--memory-budget-gib", type=float, metavar="GIB",
+    run.add_argument("--memory-budget-gib", type=positive_float, metavar="GIB",
                      help="with --auto: activations + K/V bytes per rank the pick must fit")
     run.add_argument("--recalibrate", action="store_true",
                      help="time the block and head again even if this machine's calibration "

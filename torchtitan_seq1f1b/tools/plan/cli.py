@@ -22,7 +22,7 @@ from torchtitan_seq1f1b.planner import (
 from torchtitan_seq1f1b.tools.simulate import (
     add_model_arguments,
     model_from_args,
-    number_at_least,
+    positive_float,
     positive_int,
     write_json,
 )
@@ -30,7 +30,6 @@ from torchtitan_seq1f1b.tools.simulate import (
 __all__ = ["main"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_positive_float = number_at_least(float, 1e-9, "a number > 0")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     choice = parser.add_argument_group("what to choose from")
     choice.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=list(PARTITIONS))
     choice.add_argument("--max-segments", type=positive_int, default=16)
-    choice.add_argument("--memory-budget-gib", type=_positive_float, metavar="GIB",
+    choice.add_argument("--memory-budget-gib", type=positive_float, metavar="GIB",
                         help="activations + K/V store per rank the plan must fit "
                              "(default: no bound)")
     device = parser.add_argument_group("calibration")

@@ -15,6 +15,7 @@ from torchtitan_seq1f1b.tools.simulate.cli import (
     main,
     model_from_args,
     number_at_least,
+    positive_float,
     positive_int,
     write_json,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "main",
     "model_from_args",
     "number_at_least",
+    "positive_float",
     "positive_int",
     "run_paper",
     "schedule_order",

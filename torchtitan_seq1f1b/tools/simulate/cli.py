@@ -20,7 +20,16 @@ from torchtitan_seq1f1b.tools.simulate.tables import (
     print_results,
 )
 
-__all__ = ["document_lengths", "main", "number_at_least", "positive_int", "write_json"]
+__all__ = [
+    "add_model_arguments",
+    "document_lengths",
+    "main",
+    "model_from_args",
+    "number_at_least",
+    "positive_float",
+    "positive_int",
+    "write_json",
+]
 
 # What the CLI runs without --schedule; "--schedule all" runs every schedule.
 DEFAULT_SCHEDULES = ("1F1B", "GPipe", "Seq1F1B")
@@ -48,6 +57,7 @@ def number_at_least(
 
 
 positive_int = number_at_least(int, 1, "a positive integer")
+positive_float = number_at_least(float, 1e-9, "a number > 0")
 _non_negative_float = number_at_least(float, 0, "a number >= 0")
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from torchtitan_seq1f1b.actions import Order
-from torchtitan_seq1f1b.planner import segment_plan, TimeModel
+from torchtitan_seq1f1b.planner import even_stage_blocks, segment_plan, TimeModel
 from torchtitan_seq1f1b.segmenting import (
     DocumentLengths,
     PackedDocumentsCost,
@@ -166,8 +166,7 @@ class SimConfig:
 
     def layers_per_stage(self) -> list[int]:
         """Blocks per stage; a remainder goes to the earliest stages."""
-        base, extra = divmod(self.model.n_layers, self.num_stages)
-        return [base + (1 if s < extra else 0) for s in range(self.num_stages)]
+        return list(even_stage_blocks(self.model.n_layers, self.num_stages))
 
 
 def schedule_order(config: SimConfig) -> Order:
