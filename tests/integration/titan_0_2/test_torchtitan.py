@@ -287,17 +287,9 @@ PLANNER_ARGS = ("--seq1f1b.num_segments", "auto", "--seq1f1b.partition", "auto")
 
 def _test_job_cost():
     """The debug model's dims at TEST_ARGS, as the adapter reads them."""
-    from torchtitan.config import ConfigManager
-    from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan_seq1f1b.integration.titan_0_2.job_layout import read_job_layout
 
-    from torchtitan_seq1f1b.integration.titan_0_2.pipeline import _cost_of
-
-    job_config = ConfigManager().parse_args(["--job.config_file", str(DEBUG_CONFIG), *TEST_ARGS])
-    spec = get_train_spec(job_config.model.name)
-    model_args = spec.model_args[job_config.model.flavor]
-    model_args.update_from_config(job_config)
-    with torch.device("meta"):
-        return _cost_of(spec.model_cls(model_args))
+    return read_job_layout(DEBUG_CONFIG, list(TEST_ARGS), torch.device("cpu")).shape
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from torchtitan_seq1f1b.integration import install
 from torchtitan_seq1f1b.integration.titan_0_2 import pipeline_llm_seq1f1b
 from torchtitan_seq1f1b.integration.titan_0_2.config_checks import Seq1F1BUsageError
 from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (
-    _check_job,
-    _module_names_per_stage,
+    check_job,
+    module_names_per_stage,
     Seq1F1BConfigError,
     segment_plan_for,
 )
@@ -77,9 +77,9 @@ def test_real_hardware_configs_pass_start_up_checks(name, segments, monkeypatch)
         * parallelism.tensor_parallel_degree
         * parallelism.pipeline_parallel_degree,
     )
-    _check_job(job_config, dims, model_args, torch.device("cuda", 0))
+    check_job(job_config, dims, model_args, torch.device("cuda", 0))
     entry = SCHEDULES[parallelism.pipeline_parallel_schedule]
-    assert len(_module_names_per_stage(job_config, dims, model_args, entry)) == dims.pp
+    assert len(module_names_per_stage(job_config, dims, model_args, entry)) == dims.pp
     plan = segment_plan_for(job_config, model, dims)
     assert plan.num_segments == segments and plan.seq_len == job_config.training.seq_len
     assert all(length % 128 == 0 for length in plan.lengths)
@@ -99,7 +99,7 @@ def test_variant_stage_layouts_follow_torchtitan_rules(name, stages_per_rank):
         DEBUG_CONFIG, "--parallelism.pipeline_parallel_schedule", name
     )
     dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
-    names = _module_names_per_stage(job_config, dims, model_args, SCHEDULES[name])
+    names = module_names_per_stage(job_config, dims, model_args, SCHEDULES[name])
     assert len(names) == 2 * stages_per_rank
     assert names[0][0] == "tok_embeddings" and names[-1][-1] == "output"
 
@@ -139,7 +139,7 @@ def test_auto_num_segments_parses_from_the_command_line_and_toml(tmp_path):
     # The planner's options pass the start-up checks; the plan is chosen on the device.
     job_config, _, model_args, _ = _job(config)
     dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
-    _check_job(job_config, dims, model_args, torch.device("cpu"))
+    check_job(job_config, dims, model_args, torch.device("cpu"))
 
 
 def test_other_num_segments_strings_are_refused(tmp_path, capsys):
@@ -158,7 +158,7 @@ def test_other_num_segments_strings_are_refused(tmp_path, capsys):
     job_config, _, model_args, _ = _job(config)
     dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
     with pytest.raises(Seq1F1BConfigError) as error:
-        _check_job(job_config, dims, model_args, torch.device("cpu"))
+        check_job(job_config, dims, model_args, torch.device("cpu"))
     assert "seq1f1b.num_segments='many' must be an integer >= 1 or 'auto'" in str(error.value)
     assert (
         "seq1f1b.partition='fastest' must be one of ('uniform', 'balanced', 'time', 'auto')"
@@ -296,7 +296,7 @@ def test_block_causal_flavors_pass_start_up_checks(flavor):
     job_config, _, model_args, _ = _job(DEBUG_CONFIG, "--model.flavor", flavor)
     dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
     assert model_args.attn_mask_type == "block_causal"
-    _check_job(job_config, dims, model_args, torch.device("cpu"))
+    check_job(job_config, dims, model_args, torch.device("cpu"))
 
 
 @pytest.mark.parametrize(
@@ -372,7 +372,7 @@ def test_block_causal_debug_job_starts_and_reports_its_bound():
     job_config, _, model_args, _ = _job(REPO / "train_configs" / "debug_seq1f1b_block_causal.toml")
     assert (model_args.attn_type, model_args.attn_mask_type) == ("flex", "block_causal")
     dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=2, ep=1, etp=1, world_size=2)
-    _check_job(job_config, dims, model_args, torch.device("cpu"))
+    check_job(job_config, dims, model_args, torch.device("cpu"))
     schedule = SimpleNamespace(segment_plan=SimpleNamespace(lengths=(33, 32, 32, 31)))
     lines = run_summary(job_config, schedule, 1, 300, [2.78])
     assert lines[1] == (

@@ -49,7 +49,15 @@ from torchtitan_seq1f1b.integration.schedules import SCHEDULES, ScheduleEntry, S
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
-__all__ = ["Seq1F1BConfigError", "pipeline_llm_seq1f1b", "segment_plan_for"]
+__all__ = [
+    "Seq1F1BConfigError",
+    "attention_target",
+    "check_job",
+    "module_names_per_stage",
+    "pipeline_llm_seq1f1b",
+    "segment_plan_for",
+    "transformer_cost",
+]
 
 
 def pipeline_llm_seq1f1b(
@@ -72,8 +80,8 @@ def pipeline_llm_seq1f1b(
 
     # Every check below depends on the config only, so all ranks raise alike
     # before the first pipeline message.
-    _check_job(job_config, parallel_dims, model_args, device)
-    module_names = _module_names_per_stage(job_config, parallel_dims, model_args, entry)
+    check_job(job_config, parallel_dims, model_args, device)
+    module_names = module_names_per_stage(job_config, parallel_dims, model_args, entry)
     backend = job_config.seq1f1b.attention_backend
     n_microbatches = (
         job_config.training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
@@ -86,7 +94,7 @@ def pipeline_llm_seq1f1b(
         parallelism.pipeline_parallel_microbatch_size,
         n_microbatches,
         device,
-        _attention_target(job_config, parallel_dims, model_args, device).dtype,
+        attention_target(job_config, parallel_dims, model_args, device).dtype,
     )
     plan = segment_plan_for(job_config, model, parallel_dims, planner_job)
 
@@ -137,13 +145,13 @@ def segment_plan_for(
         job_config.seq1f1b,
         job_config.training.seq_len,
         parallel_dims.tp,
-        _cost_of(model),
+        transformer_cost(model),
         planner_job,
         logger.info,
     )
 
 
-def _cost_of(model: nn.Module) -> TransformerCost:
+def transformer_cost(model: nn.Module) -> TransformerCost:
     """The FLOP model of a torchtitan llama3 ``Transformer`` from its real dims."""
     args = model.model_args
     block = next(iter(model.layers.values()))
@@ -157,7 +165,7 @@ def _cost_of(model: nn.Module) -> TransformerCost:
     )
 
 
-def _attention_target(
+def attention_target(
     job_config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs, device
 ) -> KernelTarget:
     """Device, dtype and head_dim the attention kernels will see in this job."""
@@ -171,19 +179,20 @@ def _attention_target(
     return KernelTarget(torch.device(device), dtype, model_args.dim // model_args.n_heads)
 
 
-def _check_job(
+def check_job(
     job_config: JobConfig,
     parallel_dims: ParallelDims,
     model_args: BaseModelArgs,
     device: torch.device,
 ) -> None:
+    """Raise :class:`Seq1F1BConfigError` listing every option of the job Seq1F1B cannot run."""
     parallelism = job_config.parallelism
     options = job_config.seq1f1b
     problems = []
     try:
         check_backend(
             options.attention_backend,
-            _attention_target(job_config, parallel_dims, model_args, device),
+            attention_target(job_config, parallel_dims, model_args, device),
         )
     except ValueError as error:
         problems.append(f"seq1f1b.{error}")
@@ -238,7 +247,7 @@ def _check_job(
         )
 
 
-def _module_names_per_stage(
+def module_names_per_stage(
     job_config: JobConfig,
     parallel_dims: ParallelDims,
     model_args: BaseModelArgs,

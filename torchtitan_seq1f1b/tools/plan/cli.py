@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
@@ -42,18 +44,27 @@ def _parser() -> argparse.ArgumentParser:
             "order and recommend the fastest plan that fits the memory budget."
         ),
     )
+    job = parser.add_argument_group(
+        "job config (the options below, when given, override what it says)"
+    )
+    job.add_argument("--job-config", metavar="TOML",
+                     help="a torchtitan 0.2.2 job config: model flavor, training.seq_len, "
+                          "pipeline degree, schedule, stages, microbatches, [seq1f1b] align, "
+                          "attention_backend and memory_budget_gib, the tensor-parallel degree "
+                          "folded into align, and the dtype FSDP computes in "
+                          "(data_parallel_shard_degree = -1 counts as 1: pass --dtype)")
     add_model_arguments(parser, "named model shape (or give explicit dims)")
-    run = parser.add_argument_group("layout")
-    run.add_argument("--seq-len", type=positive_int, required=True, help="tokens per sequence")
-    run.add_argument("--pp", type=positive_int, required=True, help="pipeline ranks")
-    run.add_argument("--microbatches", "-m", type=positive_int, required=True,
-                     help="microbatches per step")
-    run.add_argument("--schedule", choices=list(SCHEDULES), default="Seq1F1B")
+    run = parser.add_argument_group("layout (required without --job-config)")
+    run.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
+    run.add_argument("--pp", type=positive_int, help="pipeline ranks")
+    run.add_argument("--microbatches", "-m", type=positive_int, help="microbatches per step")
+    run.add_argument("--schedule", choices=list(SCHEDULES), help="default Seq1F1B")
     run.add_argument("--stages-per-rank", "-v", type=positive_int,
                      help="stages per rank (default: the schedule's least)")
-    run.add_argument("--align", type=positive_int, default=1,
-                     help="segment length multiple (times the TP degree under sequence parallel)")
-    run.add_argument("--microbatch-size", type=positive_int, default=1)
+    run.add_argument("--align", type=positive_int,
+                     help="segment length multiple (default 1; times the TP degree under "
+                          "sequence parallel)")
+    run.add_argument("--microbatch-size", type=positive_int, help="default 1")
     choice = parser.add_argument_group("what to choose from")
     choice.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=list(PARTITIONS))
     choice.add_argument("--max-segments", type=positive_int, default=16)
@@ -65,8 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="where to time the block (default: cuda if available, else cpu)")
     device.add_argument("--dtype", choices=sorted(_DTYPES),
                         help="compute dtype (default: bfloat16 on cuda, float32 on cpu)")
-    device.add_argument("--attention-backend", default="auto",
-                        choices=("auto", "flash", "varlen", "sdpa"))
+    device.add_argument("--attention-backend", choices=("auto", "flash", "varlen", "sdpa"),
+                        help="default auto")
     device.add_argument("--threads", type=positive_int,
                         help="CPU threads while timing (default: torch's; use what each rank gets)")
     device.add_argument("--recalibrate", action="store_true",
@@ -77,47 +88,111 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The layout ``--job-config`` gives, with the explicit options written over it."""
+    overrides = [
+        f"--{key}={value}"
+        for key, value in (
+            ("training.seq_len", args.seq_len),
+            ("parallelism.pipeline_parallel_degree", args.pp),
+            ("parallelism.pipeline_parallel_schedule", args.schedule),
+            ("parallelism.pipeline_parallel_microbatch_size", args.microbatch_size),
+            ("seq1f1b.align", args.align),
+            ("seq1f1b.attention_backend", args.attention_backend),
+        )
+        if value is not None
+    ]
+    if args.microbatches is not None:
+        overrides.append(f"--training.local_batch_size={args.microbatches * (args.microbatch_size or 1)}")
+        if args.microbatch_size is None:
+            overrides.append("--parallelism.pipeline_parallel_microbatch_size=1")
+    try:
+        installed = version("torchtitan")
+    except PackageNotFoundError:
+        installed = None
+    if installed is None or not installed.startswith("0.2."):
+        parser.error(
+            f"--job-config reads torchtitan 0.2.2 TOML configs, and torchtitan "
+            f"{installed or 'is not installed'}{' is installed' if installed else ''}: "
+            "pip install 'torchtitan-seq1f1b[titan02]', or give the model and layout "
+            "options (torchtitan 0.3 configs are Python; num_segments = 'auto' plans in the job)"
+        )
+    from torchtitan_seq1f1b.integration import install
+    from torchtitan_seq1f1b.integration.titan_0_2.job_layout import read_job_layout
+
+    install()
+    try:
+        return read_job_layout(args.job_config, overrides, torch.device(args.device))
+    except ValueError as error:
+        parser.error(f"--job-config {args.job_config}: {error}")
+
+
 def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoPlanRequest:
     """Resolve defaults and reject what cannot run, before timing anything."""
-    found = model_from_args(parser, args, default=None)
-    if found is None:
-        parser.error("give a model: --model NAME, or --layers/--dim/--heads (and more dims)")
-    _, shape = found
-    entry = SCHEDULES[args.schedule]
-    stages_per_rank = args.stages_per_rank or entry.min_stages_per_rank
-    most = entry.max_stages_per_rank
-    if stages_per_rank < entry.min_stages_per_rank or (most is not None and stages_per_rank > most):
-        parser.error(
-            f"--stages-per-rank {stages_per_rank}: {args.schedule} runs between "
-            f"{entry.min_stages_per_rank} and {most or 'any number of'} stages per rank"
-        )
-    if args.pp * stages_per_rank > shape.n_layers:
-        parser.error(
-            f"--pp {args.pp} x {stages_per_rank} stages per rank exceeds the model's "
-            f"{shape.n_layers} blocks; lower --pp or --stages-per-rank"
-        )
-    if args.seq_len % args.align:
-        parser.error(f"--seq-len {args.seq_len} is not a multiple of --align {args.align}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; use --device cpu")
-    dtype = _DTYPES[args.dtype] if args.dtype else (
-        torch.bfloat16 if device.type == "cuda" else torch.float32
-    )
-    budget = None if args.memory_budget_gib is None else int(args.memory_budget_gib * GIB)
+    found = model_from_args(parser, args, default=None)
+    if args.job_config is not None:
+        layout = _job_layout(parser, args)
+        job, options = layout.job_config, layout.job_config.seq1f1b
+        shape = found[1] if found else layout.shape
+        seq_len, pp = job.training.seq_len, job.parallelism.pipeline_parallel_degree
+        microbatches, schedule = layout.microbatches, job.parallelism.pipeline_parallel_schedule
+        stages_per_rank = args.stages_per_rank or layout.stages_per_rank
+        align = math.lcm(options.align, job.parallelism.tensor_parallel_degree)
+        microbatch_size = job.parallelism.pipeline_parallel_microbatch_size
+        attention_backend = options.attention_backend
+        budget_gib = args.memory_budget_gib or options.memory_budget_gib
+        dtype = _DTYPES[args.dtype] if args.dtype else layout.dtype
+    else:
+        if found is None:
+            parser.error(
+                "give a model: --job-config TOML, --model NAME, or --layers/--dim/--heads "
+                "(and more dims)"
+            )
+        missing = [flag for flag, value in (("--seq-len", args.seq_len), ("--pp", args.pp),
+                                            ("--microbatches", args.microbatches)) if value is None]
+        if missing:
+            parser.error(f"give {', '.join(missing)} (or a --job-config that has them)")
+        shape, seq_len, pp, microbatches = found[1], args.seq_len, args.pp, args.microbatches
+        schedule = args.schedule or "Seq1F1B"
+        stages_per_rank = args.stages_per_rank
+        align, microbatch_size = args.align or 1, args.microbatch_size or 1
+        attention_backend = args.attention_backend or "auto"
+        budget_gib = args.memory_budget_gib
+        dtype = _DTYPES[args.dtype] if args.dtype else (
+            torch.bfloat16 if device.type == "cuda" else torch.float32
+        )
+    entry = SCHEDULES[schedule]
+    stages_per_rank = stages_per_rank or entry.min_stages_per_rank
+    most = entry.max_stages_per_rank
+    if stages_per_rank < entry.min_stages_per_rank or (most is not None and stages_per_rank > most):
+        parser.error(
+            f"--stages-per-rank {stages_per_rank}: {schedule} runs between "
+            f"{entry.min_stages_per_rank} and {most or 'any number of'} stages per rank"
+        )
+    if pp * stages_per_rank > shape.n_layers:
+        parser.error(
+            f"--pp {pp} x {stages_per_rank} stages per rank exceeds the model's "
+            f"{shape.n_layers} blocks; lower --pp or --stages-per-rank"
+        )
+    if seq_len % align:
+        parser.error(f"--seq-len {seq_len} is not a multiple of --align {align}")
+    args.schedule, args.memory_budget_gib = schedule, budget_gib  # as printed and reported
     return AutoPlanRequest(
         shape=shape,
-        seq_len=args.seq_len,
-        num_ranks=args.pp,
+        seq_len=seq_len,
+        num_ranks=pp,
         stages_per_rank=stages_per_rank,
-        microbatches=args.microbatches,
+        microbatches=microbatches,
         order_for=entry.schedule_class.order_for,
-        align=args.align,
+        align=align,
         device=args.device,
         dtype=dtype,
-        microbatch_size=args.microbatch_size,
-        attention_backend=args.attention_backend,
-        budget_bytes=budget,
+        microbatch_size=microbatch_size,
+        attention_backend=attention_backend,
+        budget_bytes=None if budget_gib is None else int(budget_gib * GIB),
         partitions=tuple(args.partitions),
         segment_counts=tuple(range(1, args.max_segments + 1)),
         refresh=args.recalibrate,

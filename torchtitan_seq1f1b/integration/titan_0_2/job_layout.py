@@ -1,0 +1,108 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""A torchtitan 0.2.2 job config read as its job would lay it out, without starting it.
+
+The plan command (``python -m torchtitan_seq1f1b.plan --job-config``) needs
+what a Seq1F1B job would hand the planner: the model's dims, the stages per
+rank, the microbatches and the compute dtype. They come from torchtitan's own
+config parsing and train spec, and the job's start-up checks run first, so a
+config the job would reject is rejected here with the same message.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from torchtitan.config import ConfigManager, JobConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.protocols.train_spec import get_train_spec
+
+from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES
+from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (
+    attention_target,
+    check_job,
+    module_names_per_stage,
+    transformer_cost,
+)
+from torchtitan_seq1f1b.segmenting import TransformerCost
+
+__all__ = ["JobLayout", "read_job_layout"]
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """What a job config fixes for the planner.
+
+    Args:
+        job_config: the parsed config (``seq1f1b``, ``training``, ``parallelism``...).
+        shape: the model flavor's dims.
+        stages_per_rank: stages on every pipeline rank, as the job would split them.
+        microbatches: ``training.local_batch_size`` over the microbatch size.
+        dtype: the dtype activations are computed in (``mixed_precision_param``
+            under FSDP, else float32).
+    """
+
+    job_config: JobConfig
+    shape: TransformerCost
+    stages_per_rank: int
+    microbatches: int
+    dtype: torch.dtype
+
+
+def read_job_layout(
+    config_file: str | Path, overrides: list[str], device: torch.device
+) -> JobLayout:
+    """Parse ``config_file`` with torchtitan's ``overrides`` (``--section.key value``)
+    and check it as a job on ``device`` would.
+
+    ``data_parallel_shard_degree = -1`` takes no ranks here (no world size is
+    known), so the dtype is float32 unless the degree is set above 1. Raises
+    :class:`Seq1F1BConfigError` for what the job would refuse, including a
+    schedule that is not one of Seq1F1B's.
+    """
+    if not Path(config_file).is_file():
+        raise Seq1F1BConfigError(f"job config {str(config_file)!r} is not a file")
+    job_config = ConfigManager().parse_args(["--job.config_file", str(config_file), *overrides])
+    parallelism = job_config.parallelism
+    name = parallelism.pipeline_parallel_schedule
+    entry = SCHEDULES.get(name)
+    if entry is None:
+        raise Seq1F1BConfigError(
+            f"parallelism.pipeline_parallel_schedule={name!r} is not a Seq1F1B schedule; "
+            f"set it to one of {sorted(SCHEDULES)} (or pass --schedule)"
+        )
+    spec = get_train_spec(job_config.model.name)
+    try:
+        model_args = spec.model_args[job_config.model.flavor]
+    except KeyError:
+        raise Seq1F1BConfigError(
+            f"model.flavor={job_config.model.flavor!r} is not a {job_config.model.name} "
+            f"flavor; choose one of {sorted(spec.model_args)}"
+        ) from None
+    model_args.update_from_config(job_config)
+    degrees = dict(
+        dp_replicate=parallelism.data_parallel_replicate_degree,
+        dp_shard=max(parallelism.data_parallel_shard_degree, 1),
+        cp=parallelism.context_parallel_degree,
+        tp=parallelism.tensor_parallel_degree,
+        pp=parallelism.pipeline_parallel_degree,
+    )
+    world_size = 1
+    for degree in degrees.values():
+        world_size *= degree
+    parallel_dims = ParallelDims(**degrees, ep=1, etp=1, world_size=world_size)
+    check_job(job_config, parallel_dims, model_args, device)
+    stages = module_names_per_stage(job_config, parallel_dims, model_args, entry)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    return JobLayout(
+        job_config=job_config,
+        shape=transformer_cost(model),
+        stages_per_rank=len(stages) // parallel_dims.pp,
+        microbatches=job_config.training.local_batch_size
+        // parallelism.pipeline_parallel_microbatch_size,
+        dtype=attention_target(job_config, parallel_dims, model_args, device).dtype,
+    )
