@@ -26,6 +26,7 @@ from torch.distributed.pipelining.microbatch import TensorChunkSpec
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b._torch_compat import (
+    _Action,
     _PipelineScheduleRuntime,
     lower_forward_only,
     resize_recv_buffers,
@@ -38,6 +39,7 @@ from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
 from torchtitan_seq1f1b.schedule.microbatch_inputs import split_microbatches
+from torchtitan_seq1f1b.schedule.receives import receives_first
 from torchtitan_seq1f1b.schedule.rank_errors import raise_on_any_rank
 from torchtitan_seq1f1b.schedule.segment_inputs import SegmentSplitter
 from torchtitan_seq1f1b.schedule.stage_layout import check_one_stage_per_rank, check_plan
@@ -142,7 +144,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         )
         self.pipeline_order = lower_order(self.segment_order, self.num_segments)
         self._prepare_schedule_with_comms(self.pipeline_order)
-        self._train_order_with_comms = self.pipeline_order_with_comms
+        self._train_order_with_comms = self._place_receives(self.pipeline_order_with_comms)
         # eval() runs the forwards alone: torch's runtime would otherwise step
         # through no-op backwards, and hand-offs between two stages on one rank
         # (the V) refuse to run without a backward.
@@ -150,9 +152,13 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             rank: [a for a in actions if a.kind == "F"]
             for rank, actions in self.segment_order.items()
         }
-        self._eval_order_with_comms = lower_forward_only(
-            self, lower_order(forwards_only, self.num_segments)
+        self._eval_order_with_comms = self._place_receives(
+            lower_forward_only(self, lower_order(forwards_only, self.num_segments))
         )
+
+    def _place_receives(self, order: dict[int, list[_Action]]) -> dict[int, list[_Action]]:
+        # See schedule/receives.py: early receives help gloo and would stall NCCL.
+        return receives_first(order) if self._stages[0].device.type == "cpu" else order
 
     @staticmethod
     def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
