@@ -17,6 +17,7 @@ from torchtitan_seq1f1b.orders import seq1f1b_order
 from torchtitan_seq1f1b.planner import (
     cached_calibration,
     calibrate,
+    contended_replay,
     CalibrationTarget,
     causal_pairs,
     estimate,
@@ -223,6 +224,27 @@ def test_contention_stretches_only_what_overlaps_another_ranks_compute():
     # 1F1B at p = 2, m = 2: the ranks overlap on part of the step, never all of it.
     assert alone.step_seconds < contended.step_seconds < 1.5 * alone.step_seconds
     assert len(order) == 2
+
+
+def test_the_first_stage_runs_its_whole_backward_in_w():
+    """Token ids take no gradient: torch's I is empty on the first stage, its W is B."""
+    model = _model(per_unit=1e-4)
+    for kind, first in (("I", 0.0), ("W", model.unit_seconds("B", 16, 32, 3, False))):
+        assert model.unit_seconds(kind, 16, 32, 3, False, is_first=True) == first
+        assert model.unit_seconds(kind, 16, 32, 3, False) == 3 * model.block[kind](16, 32)
+    # A ZB-V estimate replays stage 0's I and W that way (and the step differs from pricing
+    # them as on any other stage).
+    order = ScheduleSeq1F1BZBV.order_for(2, 2, 2, 2)
+    shape = PipelineShape((1, 1, 1, 1), lambda k: order)
+    plan = SegmentPlan.uniform(64, 2)
+
+    def replayed(first_stage_rule: bool) -> float:
+        def seconds(a):
+            n, end = plan.lengths[a.segment], plan.ends[a.segment]
+            return model.unit_seconds(a.kind, n, end, 1, a.stage == 3, first_stage_rule and a.stage == 0)
+        return contended_replay(order, seconds, model.contention).makespan
+
+    assert estimate(plan, "uniform", shape, model).step_seconds == replayed(True) != replayed(False)
 
 
 def test_contention_is_measured_with_processes_computing_at_once():

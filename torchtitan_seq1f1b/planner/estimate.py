@@ -154,6 +154,7 @@ def estimate(
             plan.ends[segment],
             shape.stage_blocks[action.stage],
             action.stage == shape.last_stage,
+            action.stage == 0,
         )
 
     timeline = contended_replay(order, seconds, model.contention)

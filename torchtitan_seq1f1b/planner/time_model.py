@@ -105,9 +105,17 @@ class TimeModel:
     calibrated_for: dict = field(default_factory=dict)
 
     def unit_seconds(
-        self, kind: str, length: int, end: int, blocks: int, has_head: bool
+        self, kind: str, length: int, end: int, blocks: int, has_head: bool, is_first: bool = False
     ) -> float:
-        """Time of a ``kind`` unit on a stage of ``blocks`` blocks (and the head if it is last)."""
+        """Time of a ``kind`` unit on a stage of ``blocks`` blocks (and the head if it is last).
+
+        The first stage (``is_first``) takes token ids, which have no gradient: torch's split
+        backward there computes nothing in I and the whole backward in W.
+        """
+        if is_first and kind == "I":
+            return 0.0
+        if is_first and kind == "W":
+            kind = "B"
         seconds = blocks * self.block[kind](length, end)
         if has_head:
             seconds += self.head[kind](length, end)

@@ -70,4 +70,5 @@ def _calibrated_duration(config: SimConfig, plan: SegmentPlan) -> Callable[[Segm
         plan.ends[action.segment],
         blocks[action.stage],
         action.stage == last,
+        action.stage == 0,
     )
