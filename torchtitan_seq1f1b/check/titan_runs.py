@@ -13,23 +13,16 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from torchtitan_seq1f1b.integration import titan_release
 
 REPO = Path(__file__).resolve().parents[2]  # the source checkout
 DEBUG_CONFIG = REPO / "train_configs" / "debug_seq1f1b.toml"
 # torchtitan 0.3: "<module>:<config function>" of the debug job.
 DEBUG_CONFIG_0_3 = "torchtitan_seq1f1b:seq1f1b_debug"
-
-
-def titan_release() -> str | None:
-    """The installed torchtitan's "major.minor", None without torchtitan."""
-    try:
-        return ".".join(version("torchtitan").split(".")[:2])
-    except PackageNotFoundError:
-        return None
 
 
 # Small and short enough for CI; float32 because torchtitan's non-pipelined

@@ -19,9 +19,9 @@ torchtitan process; nothing here imports torchtitan before that.
 """
 
 from importlib import import_module
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["install"]
+__all__ = ["install", "titan_release"]
 
 ADAPTERS = {
     "0.2": "torchtitan_seq1f1b.integration.titan_0_2",
@@ -29,14 +29,21 @@ ADAPTERS = {
 }
 
 
+def titan_release() -> str | None:
+    """The installed torchtitan's "major.minor", None without torchtitan."""
+    try:
+        return ".".join(version("torchtitan").split(".")[:2])
+    except PackageNotFoundError:
+        return None
+
+
 def install() -> None:
     """Hook Seq1F1B into the running torchtitan through the adapter for its release."""
-    installed = version("torchtitan")
-    release = ".".join(installed.split(".")[:2])
+    release = titan_release()
     if release not in ADAPTERS:
         raise RuntimeError(
             f"torchtitan_seq1f1b has adapters for torchtitan {sorted(ADAPTERS)} but "
-            f"torchtitan {installed} is installed; install a supported release "
+            f"torchtitan {version('torchtitan')} is installed; install a supported release "
             "(pip install 'torchtitan==0.2.2' or 'torchtitan==0.3.0')"
         )
     import_module(ADAPTERS[release]).install()

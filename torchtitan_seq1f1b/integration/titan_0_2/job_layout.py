@@ -10,6 +10,7 @@ config parsing and train spec, and the job's start-up checks run first, so a
 config the job would reject is rejected here with the same message.
 """
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,10 +91,7 @@ def read_job_layout(
         tp=parallelism.tensor_parallel_degree,
         pp=parallelism.pipeline_parallel_degree,
     )
-    world_size = 1
-    for degree in degrees.values():
-        world_size *= degree
-    parallel_dims = ParallelDims(**degrees, ep=1, etp=1, world_size=world_size)
+    parallel_dims = ParallelDims(**degrees, ep=1, etp=1, world_size=math.prod(degrees.values()))
     check_job(job_config, parallel_dims, model_args, device)
     stages = module_names_per_stage(job_config, parallel_dims, model_args, entry)
     with torch.device("meta"):

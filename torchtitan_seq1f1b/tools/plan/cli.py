@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
+from torchtitan_seq1f1b.integration import install, titan_release
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.planner import (
     AutoPlan,
@@ -106,18 +106,14 @@ def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace):
         overrides.append(f"--training.local_batch_size={args.microbatches * (args.microbatch_size or 1)}")
         if args.microbatch_size is None:
             overrides.append("--parallelism.pipeline_parallel_microbatch_size=1")
-    try:
-        installed = version("torchtitan")
-    except PackageNotFoundError:
-        installed = None
-    if installed is None or not installed.startswith("0.2."):
+    release = titan_release()
+    if release != "0.2":
         parser.error(
             f"--job-config reads torchtitan 0.2.2 TOML configs, and torchtitan "
-            f"{installed or 'is not installed'}{' is installed' if installed else ''}: "
+            f"{f'{release} is installed' if release else 'is not installed'}: "
             "pip install 'torchtitan-seq1f1b[titan02]', or give the model and layout "
             "options (torchtitan 0.3 configs are Python; num_segments = 'auto' plans in the job)"
         )
-    from torchtitan_seq1f1b.integration import install
     from torchtitan_seq1f1b.integration.titan_0_2.job_layout import read_job_layout
 
     install()
