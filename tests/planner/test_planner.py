@@ -9,6 +9,7 @@ it must produce (positive fits, bytes that match the store's layout, the cache).
 """
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
@@ -201,6 +202,45 @@ def test_calibration_banks_bf16_gradients_in_fp32():
     model = calibrate(_target(dtype=torch.bfloat16))
     assert model.kv_bytes == 2 * SHAPE.kv_dim * 2
     assert model.kv_grad_bytes == 2 * model.kv_bytes
+
+
+class _ScriptedClock:
+    """Stands in for the calibration's clock: every region takes 1 s, or 10 s once ``slow_from`` regions ran."""
+
+    regions = 0
+    slow_from: int | None = None
+
+    def __init__(self, device):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        cls = type(self)
+        slow = cls.slow_from is not None and cls.regions >= cls.slow_from
+        self.seconds = 10.0 if slow else 1.0
+        cls.regions += 1
+
+
+def test_each_unit_keeps_its_fastest_pass_when_most_passes_ran_slow(monkeypatch):
+    """A slow stretch of the host covering two of three passes must not reach the fit."""
+    calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
+    monkeypatch.setattr(calibrate_module, "_Clock", _ScriptedClock)
+    block = calibrate_module.LlamaBlock(SHAPE, attention_backend="sdpa")
+    positions = torch.arange(64)[None]
+
+    def regions(repeats: int) -> int:
+        _ScriptedClock.regions = 0
+        calibrate_module._measure(block, _target(repeats=repeats), positions)
+        return _ScriptedClock.regions
+
+    per_pass = regions(2) - regions(1)
+    warm_up = regions(1) - per_pass
+    _ScriptedClock.regions, _ScriptedClock.slow_from = 0, warm_up + per_pass
+    samples = calibrate_module._measure(block, _target(repeats=3), positions)
+    assert {seconds for kind in "FBIW" for _, _, seconds in samples[kind]} == {1.0}
+    assert _ScriptedClock.regions == warm_up + 3 * per_pass
 
 
 def test_cache_is_read_back_for_the_same_target_only(tmp_path, monkeypatch):

@@ -9,8 +9,11 @@ a K/V store exactly as a pipeline stage runs them (forwards in order, then
 backwards last segment first), once with whole backwards (B) and once split
 into input and weight gradients (I, W) the way torch's zero-bubble stages
 split them. The final norm, LM head and summed cross-entropy are timed the
-same way. The fit is cached per (shape, seq_len, device, dtype, backend,
-torch), so a job pays the few seconds once.
+same way. Each unit keeps its fastest of several passes: a shared host's
+speed drifts by several percent over seconds, and a median of few passes let
+one slow stretch move I against B (and so a zero-bubble prediction) by 5%.
+The fit is cached per (shape, seq_len, device, dtype, backend, torch), so a
+job pays the half minute once.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ __all__ = ["CACHE_ENV", "CalibrationTarget", "calibrate", "cached_calibration"]
 
 CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
 _SEGMENT_COUNTS = (1, 2, 4, 8, 16)
+# Bumped when what is measured changes, so older cached fits are measured again.
+_METHOD = 2
+_CONTENTION_ROUNDS = 12
 _SAMPLES = dict[str, list[tuple[int, int, float]]]
 
 
@@ -54,7 +60,7 @@ class CalibrationTarget:
         dtype: the dtype activations are computed in (bf16 on GPU).
         microbatch_size: sequences per microbatch.
         attention_backend: :class:`SegmentAwareAttention` backend the job uses.
-        repeats: timed passes per plan (the median is kept), after one warm-up.
+        repeats: timed passes per plan (each unit's fastest is kept), after one warm-up.
         contenders: processes that compute at once on this host during a step
             (pipeline ranks sharing its CPU cores); with more than one, how much
             a unit slows while the others compute is measured too.
@@ -66,7 +72,7 @@ class CalibrationTarget:
     dtype: torch.dtype = torch.float32
     microbatch_size: int = 1
     attention_backend: str = "auto"
-    repeats: int = 3
+    repeats: int = 7
     contenders: int = 1
 
     def key(self) -> dict:
@@ -88,6 +94,8 @@ class CalibrationTarget:
             "microbatch_size": self.microbatch_size,
             "attention_backend": self.attention_backend,
             "contenders": self.contenders,
+            "repeats": self.repeats,
+            "method": _METHOD,
             "torch": torch.__version__,
         }
 
@@ -203,10 +211,10 @@ def _measure(component: nn.Module, target: CalibrationTarget, extra: torch.Tenso
             for split in (False, True):
                 _run_plan(component, plan, inputs, extra, split, clock, run)
         runs.append(run)
-    # Same units in the same order in every run: keep each unit's median time.
+    # Same units in the same order in every run: keep each unit's fastest time.
     return {
         kind: [
-            (n, end, statistics.median(run[kind][i][2] for run in runs))
+            (n, end, min(run[kind][i][2] for run in runs))
             for i, (n, end, _) in enumerate(runs[0][kind])
         ]
         for kind in KINDS
@@ -229,47 +237,64 @@ def _activation_bytes(
     return (saved.nbytes - kv) / target.seq_len, kv / target.seq_len
 
 
-def _whole_sequence_seconds(target: CalibrationTarget, start=None) -> float:
-    """Median time of a block's whole-sequence forward and backward (after ``start.wait()``)."""
+def _whole_sequence_pass(target: CalibrationTarget):
+    """A block's whole-sequence forward and backward, as a function returning its seconds."""
     device = torch.device(target.device)
     block = LlamaBlock(target.shape, attention_backend=target.attention_backend).to(
         device, target.dtype
     )
     positions = torch.arange(target.seq_len, device=device)[None]
     plan = SegmentPlan.uniform(target.seq_len, 1)
-    samples: _SAMPLES = {kind: [] for kind in KINDS}
     inputs = torch.randn(
         target.microbatch_size, target.seq_len, target.shape.dim, device=device, dtype=target.dtype
     )
-    _run_plan(block, plan, inputs, positions, False, _Clock(device), samples)
-    if start is not None:
-        start.wait()
-    for _ in range(4 * target.repeats):
+
+    def seconds() -> float:
+        samples: _SAMPLES = {kind: [] for kind in KINDS}
         _run_plan(block, plan, inputs, positions, False, _Clock(device), samples)
-    forwards, backwards = samples["F"][1:], samples["B"][1:]
-    return statistics.median(f[2] + b[2] for f, b in zip(forwards, backwards))
+        return samples["F"][0][2] + samples["B"][0][2]
+
+    seconds()  # warm-up
+    return seconds
 
 
-def _contender(target: CalibrationTarget, threads: int, start, results) -> None:
+def _contender(target: CalibrationTarget, threads: int, index: int, barrier, results) -> None:
+    """Alternate rounds where every contender computes with rounds where only the first does."""
     torch.set_num_threads(threads)
-    results.put(_whole_sequence_seconds(target, start))
+    run = _whole_sequence_pass(target)
+    ratios = []
+    for _ in range(_CONTENTION_ROUNDS):
+        barrier.wait()
+        together = run()
+        barrier.wait()
+        if index == 0:
+            ratios.append(together / run())
+        barrier.wait()
+    if index == 0:
+        results.put(ratios)
 
 
 def _contention(target: CalibrationTarget) -> float:
-    """How much slower a block computes while ``target.contenders`` processes compute at once."""
+    """How much slower a block computes while ``target.contenders`` processes compute at once.
+
+    Each round times the same pass with all contenders computing, then alone,
+    seconds apart, so the host's drifting speed cancels in the round's ratio.
+    """
     context = torch.multiprocessing.get_context("spawn")
-    start, results = context.Barrier(target.contenders), context.Queue()
+    barrier, results = context.Barrier(target.contenders), context.Queue()
     processes = [
-        context.Process(target=_contender, args=(target, torch.get_num_threads(), start, results))
-        for _ in range(target.contenders)
+        context.Process(
+            target=_contender,
+            args=(target, torch.get_num_threads(), index, barrier, results),
+        )
+        for index in range(target.contenders)
     ]
     for process in processes:
         process.start()
-    together = [results.get(timeout=600) for _ in processes]
+    ratios = results.get(timeout=600)
     for process in processes:
         process.join()
-    alone = _whole_sequence_seconds(target)
-    return max(statistics.median(together) / alone, 1.0)
+    return max(statistics.median(ratios), 1.0)
 
 
 def calibrate(target: CalibrationTarget) -> TimeModel:
