@@ -10,8 +10,9 @@ backwards last segment first), once with whole backwards (B) and once split
 into input and weight gradients (I, W) the way torch's zero-bubble stages
 split them. The final norm, LM head and summed cross-entropy are timed the
 same way. Each unit keeps its fastest of several passes: a shared host's
-speed drifts by several percent over seconds, and a median of few passes let
-one slow stretch move I against B (and so a zero-bubble prediction) by 5%.
+speed drifts by several percent over seconds, and a median of three passes
+let slow stretches move I against B (and so a zero-bubble prediction) by up
+to 11% from one calibration to the next.
 The fit is cached per (shape, seq_len, device, dtype, backend, torch), so a
 job pays the half minute once.
 """
@@ -269,6 +270,8 @@ def _contender(target: CalibrationTarget, threads: int, index: int, barrier, res
         barrier.wait()
         if index == 0:
             ratios.append(together / run())
+        # The others idle here rather than start the next round or exit (whose
+        # teardown would compute) while the first runs alone.
         barrier.wait()
     if index == 0:
         results.put(ratios)
