@@ -26,6 +26,7 @@ from torchtitan_seq1f1b.planner import (
     NoPlanFitsError,
     PipelineShape,
     PredictedTime,
+    prefix_rectangle,
     recommend,
     segment_plan,
     TimeModel,
@@ -56,11 +57,22 @@ def _model(per_token=1e-6, per_pair=1e-9, per_unit=0.0, head_per_token=0.0) -> T
 
 
 def test_fit_recovers_the_coefficients_of_noiseless_times():
-    truth = UnitTime(per_token=3e-6, per_pair=2e-9, per_unit=4e-4)
-    samples = [(n, end, truth(n, end)) for n, end in [(64, 64), (32, 64), (16, 128), (128, 128), (8, 8)]]
-    fitted = fit_unit_time(samples)
-    for name in ("per_token", "per_pair", "per_unit"):
+    truth = UnitTime(per_token=3e-6, per_pair=2e-9, per_unit=4e-4, per_prefix_pair=5e-10)
+    spans = [(64, 64), (32, 64), (16, 128), (128, 128), (8, 8), (32, 96)]
+    fitted = fit_unit_time([(n, end, truth(n, end)) for n, end in spans])
+    for name in ("per_token", "per_pair", "per_unit", "per_prefix_pair"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+
+
+def test_prefix_term_prices_only_segments_after_a_prefix():
+    """A kernel that computes the whole masked rectangle pays it after a prefix only; the
+    additive part (what time partitions balance) adds up over any split."""
+    unit = UnitTime(per_token=0.0, per_pair=0.0, per_unit=0.0, per_prefix_pair=1.0)
+    assert unit(64, 64) == 0 and prefix_rectangle(64, 64) == 0
+    assert unit(16, 64) == prefix_rectangle(16, 64) == 16 * 64
+    plain = UnitTime(per_token=3e-6, per_pair=2e-9, per_unit=4e-4, per_prefix_pair=5e-10)
+    whole = plain.additive(64, 64)
+    assert plain.additive(40, 40) + plain.additive(24, 64) == pytest.approx(whole, rel=1e-12)
 
 
 def test_fit_drops_a_term_that_would_be_negative():

@@ -45,7 +45,13 @@ from torchtitan_seq1f1b.planner.estimate import (
     PlanEstimate,
 )
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
-from torchtitan_seq1f1b.planner.time_model import causal_pairs, fit_unit_time, TimeModel, UnitTime
+from torchtitan_seq1f1b.planner.time_model import (
+    causal_pairs,
+    fit_unit_time,
+    prefix_rectangle,
+    TimeModel,
+    UnitTime,
+)
 
 __all__ = [
     "AutoPlan",
@@ -70,6 +76,7 @@ __all__ = [
     "even_stage_blocks",
     "fit_unit_time",
     "plan_automatically",
+    "prefix_rectangle",
     "recommend",
     "recommend_for",
     "segment_plan",

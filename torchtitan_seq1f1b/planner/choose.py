@@ -32,9 +32,10 @@ class PredictedTime:
 
     It follows the :class:`~torchtitan_seq1f1b.segmenting.SegmentCost`
     protocol (hence the method's name) so that :meth:`SegmentPlan.balanced`
-    equalises time instead of FLOPs. The per-unit overhead is left out: every
-    segment pays it once, so it does not move the balance, and without it the
-    cost adds up over any split, as the protocol requires.
+    equalises time instead of FLOPs. Only :meth:`UnitTime.additive` counts: the
+    protocol needs a cost that adds up over any split, and the per-unit and
+    prefix terms do not (every segment pays the first once; all segments but
+    the first pay the second, which the balance leaves as it falls).
     """
 
     def __init__(self, model: TimeModel, n_layers: int):
@@ -45,8 +46,7 @@ class PredictedTime:
         seconds = 0.0
         for kind in ("F", "B"):
             block, head = self.model.block[kind], self.model.head[kind]
-            seconds += self.n_layers * (block(length, end) - block.per_unit)
-            seconds += head(length, end) - head.per_unit
+            seconds += self.n_layers * block.additive(length, end) + head.additive(length, end)
         return max(round(seconds * 1e12), 1)
 
 

@@ -6,12 +6,18 @@
 A unit (one segment of one microbatch) of kind F, B, I or W over tokens
 ``[end - length, end)`` costs, per transformer block::
 
-    seconds = per_token * length + per_pair * pairs(length, end) + per_unit
-    pairs   = length * end - length * (length - 1) / 2      # causal (query, key) pairs
+    seconds = per_token * length + per_pair * pairs(length, end)
+              + per_prefix_pair * rectangle(length, end) + per_unit
+    pairs     = length * end - length * (length - 1) / 2    # causal (query, key) pairs
+    rectangle = length * end if end > length else 0         # a segment after a prefix
 
 ``per_token`` prices the projections and MLP, ``per_pair`` attention (whose
-kernels run at another rate than GEMMs), and ``per_unit`` what a call costs
-whatever its size (launches, Python, GEMM inefficiency on short segments).
+kernels run at another rate than GEMMs), ``per_prefix_pair`` what a kernel
+that cannot skip masked scores pays for a segment after a prefix (torch's
+CPU flash kernel with a mask computes all ``length * end`` scores and builds
+the mask, where the first segment takes the causal path), and ``per_unit``
+what a call costs whatever its size (launches, Python, GEMM inefficiency on
+short segments).
 The LM head with its loss is priced the same way without pairs. Bytes are per
 token: activations autograd saves in a block and in the head, and the K/V a
 block stores.
@@ -26,7 +32,7 @@ import torch
 
 from torchtitan_seq1f1b.segmenting.cost import check_span
 
-__all__ = ["KINDS", "UnitTime", "TimeModel", "causal_pairs", "fit_unit_time"]
+__all__ = ["KINDS", "UnitTime", "TimeModel", "causal_pairs", "fit_unit_time", "prefix_rectangle"]
 
 KINDS = ("F", "B", "I", "W")
 
@@ -37,16 +43,31 @@ def causal_pairs(length: int, end: int) -> int:
     return length * end - length * (length - 1) // 2
 
 
+def prefix_rectangle(length: int, end: int) -> int:
+    """(query, key) scores of a segment after a prefix when none are skipped; 0 for a first segment."""
+    check_span(length, end)
+    return length * end if end > length else 0
+
+
 @dataclass(frozen=True)
 class UnitTime:
-    """Seconds of one unit on one component: ``per_token * length + per_pair * pairs + per_unit``."""
+    """Seconds of one unit on one component (the module's formula)."""
 
     per_token: float
     per_pair: float
     per_unit: float
+    per_prefix_pair: float = 0.0
 
     def __call__(self, length: int, end: int) -> float:
-        return self.per_token * length + self.per_pair * causal_pairs(length, end) + self.per_unit
+        return (
+            self.additive(length, end)
+            + self.per_prefix_pair * prefix_rectangle(length, end)
+            + self.per_unit
+        )
+
+    def additive(self, length: int, end: int) -> float:
+        """The part that adds up over any split of the span: tokens and causal pairs."""
+        return self.per_token * length + self.per_pair * causal_pairs(length, end)
 
 
 def fit_unit_time(
@@ -59,14 +80,17 @@ def fit_unit_time(
     coefficient comes out negative is dropped and the rest refitted: each
     stands for a cost that cannot be negative.
     """
-    terms = ["per_token", "per_pair", "per_unit"] if with_pairs else ["per_token", "per_unit"]
+    terms = ["per_token", "per_unit"]
+    if with_pairs:
+        terms += ["per_pair", "per_prefix_pair"]
+    columns = {
+        "per_token": [float(n) for n, _, _ in samples],
+        "per_pair": [float(causal_pairs(n, end)) for n, end, _ in samples],
+        "per_prefix_pair": [float(prefix_rectangle(n, end)) for n, end, _ in samples],
+        "per_unit": [1.0] * len(samples),
+    }
+    seconds = torch.tensor([t for _, _, t in samples], dtype=torch.float64)
     while True:
-        columns = {
-            "per_token": [float(n) for n, _, _ in samples],
-            "per_pair": [float(causal_pairs(n, end)) for n, end, _ in samples],
-            "per_unit": [1.0] * len(samples),
-        }
-        seconds = torch.tensor([t for _, _, t in samples], dtype=torch.float64)
         design = torch.tensor([columns[t] for t in terms], dtype=torch.float64).T
         solution = torch.linalg.lstsq(design / seconds[:, None], torch.ones_like(seconds)[:, None])
         coefficients = dict(zip(terms, solution.solution[:, 0].tolist()))
@@ -74,7 +98,7 @@ def fit_unit_time(
         if not negative or len(terms) == 1:
             break
         terms.remove(min(negative, key=coefficients.__getitem__))
-    return UnitTime(**{t: max(coefficients.get(t, 0.0), 0.0) for t in ("per_token", "per_pair", "per_unit")})
+    return UnitTime(**{t: max(coefficients.get(t, 0.0), 0.0) for t in columns})
 
 
 @dataclass(frozen=True)
