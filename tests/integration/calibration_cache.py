@@ -8,7 +8,8 @@ The job finds the cache through ``$SEQ1F1B_CALIBRATION_CACHE`` and reads it
 instead of timing the model, when the file's key is the one the job computes:
 the model's dims, ``training.seq_len``, the device with the thread count the
 torchrun harness gives every process (``OMP_NUM_THREADS=1``), the compute
-dtype, the microbatch size, the attention backend and torch's version. A
+dtype, the microbatch size, the attention backend, the blocks a pipeline rank
+holds and torch's version. A
 mismatch makes the job measure instead and log "measured, saved to": the
 tests assert "read from".
 """

@@ -21,8 +21,10 @@ from torchtitan_seq1f1b.planner import (
     contended_replay,
     CalibrationTarget,
     causal_pairs,
+    chained_blocks,
     estimate,
     fit_unit_time,
+    MAX_CHAINED_BLOCKS,
     NoPlanFitsError,
     PipelineShape,
     PredictedTime,
@@ -235,6 +237,31 @@ class _ScriptedClock:
         cls.regions += 1
 
 
+def test_a_chain_splits_its_measured_times_and_bytes_among_its_blocks(monkeypatch):
+    """A chain's unit took 1 s (scripted): each of its 3 blocks is priced a third, the head 1 s;
+    a block of a chain saves and stores what a block alone does."""
+    calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
+    alone = calibrate(_target())
+    monkeypatch.setattr(calibrate_module, "_Clock", _ScriptedClock)
+    _ScriptedClock.regions, _ScriptedClock.slow_from = 0, None
+    chained = calibrate(_target(chained_blocks=3))
+    for kind in "FBIW":
+        for length, end in ((8, 8), (8, 64), (64, 64)):
+            assert chained.block[kind](length, end) == pytest.approx(1 / 3)
+            assert chained.head[kind](length, end) == pytest.approx(1.0)
+    assert chained.block_activation_bytes == alone.block_activation_bytes
+    assert chained.kv_bytes == alone.kv_bytes == 2 * SHAPE.kv_dim * 4
+
+
+def test_a_job_chains_the_blocks_of_its_emptiest_rank_up_to_the_cap():
+    assert chained_blocks(8, 2) == 4  # the bench model at pp = 2, whatever its stages per rank
+    assert chained_blocks(7, 2) == 3
+    assert chained_blocks(80, 8) == MAX_CHAINED_BLOCKS
+    assert chained_blocks(2, 4) == 1
+    with pytest.raises(ValueError, match="chained_blocks must be at least 1"):
+        _target(chained_blocks=0)
+
+
 def test_each_unit_keeps_its_fastest_pass_when_most_passes_ran_slow(monkeypatch):
     """A slow stretch of the host covering two of three passes must not reach the fit."""
     calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
@@ -263,6 +290,8 @@ def test_cache_is_read_back_for_the_same_target_only(tmp_path, monkeypatch):
     assert cached and same_path == path and again == first
     _, other_path, cached = cached_calibration(_target(microbatch_size=2))
     assert not cached and other_path != path
+    _, chained_path, cached = cached_calibration(_target(chained_blocks=2))
+    assert not cached and chained_path not in (path, other_path)
     _, _, cached = cached_calibration(_target(), refresh=True)
     assert not cached
 

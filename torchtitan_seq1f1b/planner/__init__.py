@@ -3,8 +3,9 @@
 
 """The calibrated planner: how long units take on this device, and which k and lengths to run.
 
-- :mod:`.calibrate`: time a block and the head of the job's shape, segment by
-  segment, on its device and dtype; fit and cache a :class:`TimeModel`;
+- :mod:`.calibrate`: time a chain of blocks (as many as a rank holds) and the
+  head of the job's shape, segment by segment, on its device and dtype; fit
+  and cache a :class:`TimeModel`;
 - :mod:`.time_model`: the fitted unit times and per-token bytes;
 - :mod:`.estimate`: one plan's predicted step time, bubble and per-rank
   memory under a schedule's real order;
@@ -27,6 +28,8 @@ from torchtitan_seq1f1b.planner.calibrate import (
     cached_calibration,
     calibrate,
     CalibrationTarget,
+    chained_blocks,
+    MAX_CHAINED_BLOCKS,
 )
 from torchtitan_seq1f1b.planner.choose import (
     GIB,
@@ -59,6 +62,7 @@ __all__ = [
     "CACHE_ENV",
     "GIB",
     "LlamaBlock",
+    "MAX_CHAINED_BLOCKS",
     "NoPlanFitsError",
     "PARTITIONS",
     "PipelineShape",
@@ -71,6 +75,7 @@ __all__ = [
     "cached_calibration",
     "calibrate",
     "causal_pairs",
+    "chained_blocks",
     "contended_replay",
     "estimate",
     "even_stage_blocks",

@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 import torch
 
 from torchtitan_seq1f1b.actions import Order
-from torchtitan_seq1f1b.planner.calibrate import cached_calibration, CalibrationTarget
+from torchtitan_seq1f1b.planner.calibrate import (
+    cached_calibration,
+    CalibrationTarget,
+    chained_blocks,
+)
 from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation, recommend
 from torchtitan_seq1f1b.planner.estimate import PipelineShape
 from torchtitan_seq1f1b.planner.time_model import TimeModel
@@ -78,6 +82,7 @@ def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
         dtype=request.dtype,
         microbatch_size=request.microbatch_size,
         attention_backend=request.attention_backend,
+        chained_blocks=chained_blocks(request.shape.n_layers, request.num_ranks),
     )
     model, path, cached = cached_calibration(target, refresh=request.refresh)
     source = f"{'read from' if cached else 'measured, saved to'} {path}"

@@ -3,13 +3,17 @@
 
 """Time a model's block and head on the job's device, segment by segment, and fit a :class:`TimeModel`.
 
-One :class:`~torchtitan_seq1f1b.planner.llama_block.LlamaBlock` of the job's
-dims runs the units of uniform plans with k = 1, 2, 4, 8, 16 segments through
+A chain of :class:`~torchtitan_seq1f1b.planner.llama_block.LlamaBlock` of
+the job's dims, as many as a pipeline rank holds (up to
+:data:`MAX_CHAINED_BLOCKS`), runs the units of uniform plans with k = 1, 2, 4, 8, 16 segments through
 a K/V store exactly as a pipeline stage runs them (forwards in order, then
 backwards last segment first), once with whole backwards (B) and once split
 into input and weight gradients (I, W) the way torch's zero-bubble stages
 split them. The final norm, LM head and summed cross-entropy are timed the
-same way. Each unit keeps its fastest of several passes: a shared host's
+same way. A block's time depends on the blocks around it: their weights and
+saved activations share the caches, so on a CPU a block's W in a chain of
+four took 9-11% longer than a block's alone, and a calibration of one block
+priced a rank's units too fast. Each unit keeps its fastest of several passes: a shared host's
 speed drifts by several percent over seconds, and a median of three passes
 let slow stretches move I against B (and so a zero-bubble prediction) by up
 to 11% from one calibration to the next.
@@ -40,12 +44,23 @@ from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.planner.time_model import fit_unit_time, KINDS, TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
-__all__ = ["CACHE_ENV", "CalibrationTarget", "calibrate", "cached_calibration"]
+__all__ = [
+    "CACHE_ENV",
+    "CalibrationTarget",
+    "MAX_CHAINED_BLOCKS",
+    "calibrate",
+    "cached_calibration",
+    "chained_blocks",
+]
 
 CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
 _SEGMENT_COUNTS = (1, 2, 4, 8, 16)
 # Bumped when what is measured changes, so older cached fits are measured again.
-_METHOD = 3
+_METHOD = 4
+MAX_CHAINED_BLOCKS = 4
+"""The chain's time and memory come on top of the job's on its device and grow with its length.
+Past four, a block's F, B and I moved under 4% on the bench model's CPU, its W up to 9%
+(at eight): a rank of more blocks is priced that much fast in W."""
 _CONTENTION_ROUNDS = 12
 _SAMPLES = dict[str, list[tuple[int, int, float]]]
 
@@ -55,7 +70,7 @@ class CalibrationTarget:
     """What to calibrate: a model shape at a sequence length on a device and dtype.
 
     Args:
-        shape: the model's dims (blocks are timed one at a time).
+        shape: the model's dims.
         seq_len: tokens per sequence; calibration segments are cut from it.
         device: where the job computes.
         dtype: the dtype activations are computed in (bf16 on GPU).
@@ -65,6 +80,9 @@ class CalibrationTarget:
         contenders: processes that compute at once on this host during a step
             (pipeline ranks sharing its CPU cores); with more than one, how much
             a unit slows while the others compute is measured too.
+        chained_blocks: blocks timed as one chain, whose unit times are split
+            evenly among them; a job chains as many as a rank holds
+            (:func:`chained_blocks`).
     """
 
     shape: TransformerCost
@@ -75,6 +93,11 @@ class CalibrationTarget:
     attention_backend: str = "auto"
     repeats: int = 7
     contenders: int = 1
+    chained_blocks: int = 1
+
+    def __post_init__(self):
+        if self.chained_blocks < 1:
+            raise ValueError(f"chained_blocks must be at least 1, got {self.chained_blocks}")
 
     def key(self) -> dict:
         """Everything the measured times depend on, as JSON-able values."""
@@ -95,10 +118,37 @@ class CalibrationTarget:
             "microbatch_size": self.microbatch_size,
             "attention_backend": self.attention_backend,
             "contenders": self.contenders,
+            "chained_blocks": self.chained_blocks,
             "repeats": self.repeats,
             "method": _METHOD,
             "torch": torch.__version__,
         }
+
+
+def chained_blocks(n_layers: int, num_ranks: int) -> int:
+    """Blocks to calibrate as one chain for ``n_layers`` over ``num_ranks`` pipeline ranks.
+
+    As many as the emptiest rank holds, whatever its stages: a rank's blocks
+    share its caches however the schedule interleaves them (chained this deep,
+    the ZB-V's predicted step ratios came closer to the measured ones than
+    chained as deep as its stages). At most :data:`MAX_CHAINED_BLOCKS`.
+    """
+    return max(1, min(n_layers // num_ranks, MAX_CHAINED_BLOCKS))
+
+
+class _BlockChain(nn.Module):
+    """``count`` blocks in a row: (batch, seq_len, dim) at positions (1, seq_len) -> same shape."""
+
+    def __init__(self, shape: TransformerCost, count: int, attention_backend: str):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            LlamaBlock(shape, attention_backend=attention_backend) for _ in range(count)
+        )
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            h = block(h, positions)
+        return h
 
 
 class _Head(nn.Module):
@@ -301,24 +351,30 @@ def _contention(target: CalibrationTarget) -> float:
 
 
 def calibrate(target: CalibrationTarget) -> TimeModel:
-    """Time one block and the head on ``target.device`` and fit their unit times."""
+    """Time a chain of blocks and the head on ``target.device`` and fit a block's and the head's
+    unit times."""
     device = torch.device(target.device)
     shape = target.shape
-    block = LlamaBlock(shape, attention_backend=target.attention_backend).to(device, target.dtype)
+    count = target.chained_blocks
+    chain = _BlockChain(shape, count, target.attention_backend).to(device, target.dtype)
     head = _Head(shape).to(device, target.dtype)
     positions = torch.arange(target.seq_len, device=device)[None]
     targets = torch.randint(
         0, shape.vocab_size, (target.microbatch_size, target.seq_len), device=device
     )
-    block_samples = _measure(block, target, positions)
+    block_samples = _measure(chain, target, positions)
     head_samples = _measure(head, target, targets)
     inputs = torch.randn(
         target.microbatch_size, target.seq_len, shape.dim, device=device, dtype=target.dtype
     )
-    block_bytes, kv_bytes = _activation_bytes(block, target, inputs, positions)
+    chain_bytes, chain_kv_bytes = _activation_bytes(chain, target, inputs, positions)
+    block_bytes, kv_bytes = chain_bytes / count, chain_kv_bytes / count
     head_bytes, _ = _activation_bytes(head, target, inputs, targets)
     return TimeModel(
-        block={kind: fit_unit_time(block_samples[kind]) for kind in KINDS},
+        block={
+            kind: fit_unit_time([(n, end, t / count) for n, end, t in block_samples[kind]])
+            for kind in KINDS
+        },
         head={kind: fit_unit_time(head_samples[kind], with_pairs=False) for kind in KINDS},
         block_activation_bytes=block_bytes,
         head_activation_bytes=head_bytes,

@@ -14,7 +14,13 @@ show that the comparison fails when Seq1F1B is broken.
 import pytest
 import torch
 
-from torchtitan_seq1f1b.planner import CACHE_ENV, CalibrationTarget, GIB, NoPlanFitsError
+from torchtitan_seq1f1b.planner import (
+    CACHE_ENV,
+    CalibrationTarget,
+    chained_blocks,
+    GIB,
+    NoPlanFitsError,
+)
 
 from tests.harness import (
     assert_same_training,
@@ -299,7 +305,12 @@ def planner_cache(tmp_path_factory):
     folder = tmp_path_factory.mktemp("calibration")
     cost = _test_job_cost()
     target = CalibrationTarget(
-        shape=cost, seq_len=128, device="cpu", dtype=torch.float32, microbatch_size=2
+        shape=cost,
+        seq_len=128,
+        device="cpu",
+        dtype=torch.float32,
+        microbatch_size=2,
+        chained_blocks=chained_blocks(cost.n_layers, 2),
     )
     return folder, write_calibration(folder, target), cost
 

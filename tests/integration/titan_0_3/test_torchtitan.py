@@ -19,7 +19,13 @@ import math
 import pytest
 import torch
 
-from torchtitan_seq1f1b.planner import CACHE_ENV, CalibrationTarget, GIB, NoPlanFitsError
+from torchtitan_seq1f1b.planner import (
+    CACHE_ENV,
+    CalibrationTarget,
+    chained_blocks,
+    GIB,
+    NoPlanFitsError,
+)
 
 from tests.harness import (
     assert_same_training,
@@ -191,7 +197,12 @@ def planner_cache(tmp_path_factory):
     cost = transformer_cost(config.model_spec.model)
     folder = tmp_path_factory.mktemp("calibration")
     target = CalibrationTarget(
-        shape=cost, seq_len=128, device="cpu", dtype=torch.float32, microbatch_size=2
+        shape=cost,
+        seq_len=128,
+        device="cpu",
+        dtype=torch.float32,
+        microbatch_size=2,
+        chained_blocks=chained_blocks(cost.n_layers, 2),
     )
     return folder, write_calibration(folder, target), cost
 

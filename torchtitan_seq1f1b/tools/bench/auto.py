@@ -12,6 +12,7 @@ import torch
 from torchtitan_seq1f1b.planner import (
     cached_calibration,
     CalibrationTarget,
+    chained_blocks,
     estimate,
     PipelineShape,
     PlanEstimate,
@@ -29,15 +30,17 @@ __all__ = ["auto_row", "calibrated_estimate", "calibrate_bench_model"]
 def calibrate_bench_model(config: BenchConfig, refresh: bool = False) -> tuple[TimeModel, str]:
     """The bench model's time model on one CPU thread per rank, its ``pp`` ranks sharing the
     machine as they do in the run, and where it came from."""
+    shape = config.model.cost()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         target = CalibrationTarget(
-            shape=config.model.cost(),
+            shape=shape,
             seq_len=config.seq_len,
             microbatch_size=config.microbatch_size,
             attention_backend=config.model.attention_backend,
             contenders=config.pp,
+            chained_blocks=chained_blocks(shape.n_layers, config.pp),
         )
         model, path, cached = cached_calibration(target, refresh)
     finally:
