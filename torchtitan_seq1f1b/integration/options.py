@@ -22,10 +22,11 @@ class Seq1F1B:
     Segments k every microbatch's sequence is cut into. The first pipeline
     stage then holds (p + k - 1) / k microbatches of activations instead of p,
     and the bubble shrinks from (p-1)/(m+p-1) to (p-1)/(m*k+p-1). "auto" lets
-    the planner pick k (1 to 16): it times one block and the LM head of the
-    model on this device (cached), predicts every plan's step time and memory
-    under the schedule's real order, and takes the fastest that fits
-    memory_budget_gib; the job logs the choice and the runners-up.
+    the planner pick k (1 to 16): it times a rank's blocks (at most 4) and
+    the LM head of the model on this device (cached), predicts every plan's
+    step time and memory under the schedule's real order, and takes the
+    fastest that fits memory_budget_gib; the job logs the choice and the
+    runners-up.
     """
 
     partition: Literal["balanced", "uniform", "time", "auto"] = "balanced"

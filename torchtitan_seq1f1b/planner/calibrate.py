@@ -1,24 +1,24 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Time a model's block and head on the job's device, segment by segment, and fit a :class:`TimeModel`.
+"""Time a model's blocks and head on the job's device, segment by segment, and fit a :class:`TimeModel`.
 
-A chain of :class:`~torchtitan_seq1f1b.planner.llama_block.LlamaBlock` of
-the job's dims, as many as a pipeline rank holds (up to
-:data:`MAX_CHAINED_BLOCKS`), runs the units of uniform plans with k = 1, 2, 4, 8, 16 segments through
-a K/V store exactly as a pipeline stage runs them (forwards in order, then
-backwards last segment first), once with whole backwards (B) and once split
-into input and weight gradients (I, W) the way torch's zero-bubble stages
-split them. The final norm, LM head and summed cross-entropy are timed the
-same way. A block's time depends on the blocks around it: their weights and
-saved activations share the caches, so on a CPU a block's W in a chain of
-four took 9-11% longer than a block's alone, and a calibration of one block
-priced a rank's units too fast. Each unit keeps its fastest of several passes: a shared host's
-speed drifts by several percent over seconds, and a median of three passes
-let slow stretches move I against B (and so a zero-bubble prediction) by up
-to 11% from one calibration to the next.
-The fit is cached per (shape, seq_len, device, dtype, backend, torch), so a
-job pays the half minute once.
+A chain of :class:`~torchtitan_seq1f1b.planner.llama_block.LlamaBlock` of the
+job's dims, as many as a pipeline rank holds (up to
+:data:`MAX_CHAINED_BLOCKS`), runs the units of uniform plans with k = 1, 2, 4,
+8, 16 segments through a K/V store exactly as a pipeline stage runs them
+(forwards in order, then backwards last segment first), once with whole
+backwards (B) and once split into input and weight gradients (I, W) the way
+torch's zero-bubble stages split them. The final norm, LM head and summed
+cross-entropy are timed the same way. A block's time depends on the blocks
+chained with it: on a CPU, a block's W in a chain of four took 9-11% longer
+than a block's alone, and a calibration of one block priced a rank's units too
+fast. Each unit keeps its fastest of several passes: a shared host's speed
+drifts by several percent over seconds, and a median of three passes let slow
+stretches move I against B (and so a zero-bubble prediction) by up to 11% from
+one calibration to the next.
+The fit is cached per (shape, seq_len, device, dtype, backend, chain, torch),
+so a job pays the minute once.
 """
 
 from __future__ import annotations
@@ -128,10 +128,9 @@ class CalibrationTarget:
 def chained_blocks(n_layers: int, num_ranks: int) -> int:
     """Blocks to calibrate as one chain for ``n_layers`` over ``num_ranks`` pipeline ranks.
 
-    As many as the emptiest rank holds, whatever its stages: a rank's blocks
-    share its caches however the schedule interleaves them (chained this deep,
+    As many as the emptiest rank holds, whatever its stages: chained this deep,
     the ZB-V's predicted step ratios came closer to the measured ones than
-    chained as deep as its stages). At most :data:`MAX_CHAINED_BLOCKS`.
+    chained as deep as its stages. At most :data:`MAX_CHAINED_BLOCKS`.
     """
     return max(1, min(n_layers // num_ranks, MAX_CHAINED_BLOCKS))
 
