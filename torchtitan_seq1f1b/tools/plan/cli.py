@@ -38,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torchtitan_seq1f1b.plan",
         description=(
-            "Time one transformer block and the LM head of a model shape on this device, "
-            "segment by segment (cached per shape, device and dtype), then predict step time, "
+            "Time a pipeline rank's transformer blocks (at most 4, chained) and the LM head of "
+            "a model shape on this device, segment by segment (cached per shape, device and "
+            "dtype), then predict step time, "
             "bubble and per-rank memory of every k and partition under the schedule's real "
             "order and recommend the fastest plan that fits the memory budget."
         ),
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: no bound)")
     device = parser.add_argument_group("calibration")
     device.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="where to time the block (default: cuda if available, else cpu)")
+                        help="where to time the blocks (default: cuda if available, else cpu)")
     device.add_argument("--dtype", choices=sorted(_DTYPES),
                         help="compute dtype (default: bfloat16 on cuda, float32 on cpu)")
     device.add_argument("--attention-backend", choices=("auto", "flash", "varlen", "sdpa"),
