@@ -92,11 +92,13 @@ def smoke(command: str, scratch) -> list[str]:
 
 def _titan_release_of(command: str) -> str | None:
     """The torchtitan release a command is written for: a torchrun job's, or the plan
-    command's reading a TOML job config (0.2.2); None: any."""
+    command's job config (a TOML file: 0.2.2, a config function's name: 0.3); None: any."""
     argv = shlex.split(command, comments=True)
     if argv[0] == "torchrun":
         return "0.3" if "--module" in argv else "0.2"
-    return "0.2" if "--job-config" in argv else None
+    if "--job-config" in argv:
+        return "0.2" if argv[argv.index("--job-config") + 1].endswith(".toml") else "0.3"
+    return None
 
 
 def test_the_readme_and_docs_show_the_main_commands():

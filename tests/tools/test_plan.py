@@ -44,7 +44,7 @@ def test_a_budget_leaves_out_the_plans_it_cannot_hold(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (TINY[12:], "give a model: --job-config TOML, --model NAME, or --layers/--dim/--heads"),
+        (TINY[12:], "give a model: --job-config (a torchtitan job config), --model NAME, or --layers"),
         (TINY[:12], "give --seq-len, --pp, --microbatches (or a --job-config that has them)"),
         ([*TINY, "--schedule", "Seq1F1BZBV", "-v", "1"], "Seq1F1BZBV runs between 2 and 2 stages"),
         ([*TINY, "--schedule", "InterleavedSeq1F1B", "-v", "4"], "exceeds the model's 4 blocks"),

@@ -81,6 +81,7 @@ def test_plans_the_job_end_to_end(tmp_path, capsys):
         (('flavor = "debugmodel"', 'flavor = "tiny"'), [], "model.flavor='tiny' is not a llama3 flavor"),
         (None, ["--attention-backend", "flash"], "seq1f1b.attention_backend='flash' cannot run on cpu"),
         (None, ["--schedule", "Seq1F1BZBV", "-v", "1"], "Seq1F1BZBV runs between 2 and 2 stages"),
+        (None, ["--job-module", "torchtitan_seq1f1b"], "--job-module names a torchtitan 0.3 config"),
     ],
 )
 def test_a_job_config_the_job_would_refuse_is_refused(edit, argv, message, tmp_path, capsys):

@@ -1,19 +1,85 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""``python -m torchtitan_seq1f1b.plan --job-config`` under torchtitan 0.3, whose configs are Python."""
+"""``python -m torchtitan_seq1f1b.plan --job-config NAME``: a torchtitan 0.3 config function,
+read as its job lays it out."""
+
+import json
 
 import pytest
+import torch
 
+from torchtitan.models.llama3 import model_registry
+
+from torchtitan_seq1f1b.integration.titan_0_3.plan import transformer_cost
 from torchtitan_seq1f1b.tools.plan import cli
 
 from tests.harness import REPO
 
+# The shipped debug job: llama3 debugmodel, seq_len 64, pp=2, 16 sequences in
+# microbatches of 8, Seq1F1B on 1F1B's layout, no TP or FSDP.
+DEBUG_MODEL = transformer_cost(model_registry("debugmodel").model)
 
-def test_a_toml_job_config_is_refused_naming_the_release(capsys):
+
+def _request(*argv: str):
+    parser = cli._parser()
+    return cli._request(parser, parser.parse_args(["--job-config", "seq1f1b_debug", *argv]))
+
+
+def test_the_job_config_gives_model_and_layout():
+    request = _request()
+    assert request.shape == DEBUG_MODEL
+    assert (request.seq_len, request.num_ranks, request.stages_per_rank) == (64, 2, 1)
+    assert (request.microbatches, request.microbatch_size) == (2, 8)
+    assert request.dtype == torch.float32 and request.budget_bytes is None
+    assert request.attention_backend == "auto" and request.align == 1
+
+
+def test_options_override_the_job_config():
+    """--schedule moves torch's layout along: the V's config splits the model in 2 stages per rank."""
+    request = _request("--seq-len", "128", "-m", "4", "--schedule", "Seq1F1BZBV",
+                       "--memory-budget-gib", "2", "--dtype", "bfloat16", "--align", "8")
+    assert (request.seq_len, request.microbatches, request.microbatch_size) == (128, 4, 1)
+    assert request.stages_per_rank == 2 and request.align == 8
+    assert request.budget_bytes == 2 * 2**30 and request.dtype == torch.bfloat16
+
+
+def test_plans_the_job_end_to_end_and_prints_its_flags(tmp_path, capsys):
+    path = tmp_path / "plans.json"
+    assert cli.main(["--job-config", "seq1f1b_debug", "--job-module", "torchtitan_seq1f1b",
+                     "--threads", "1", "--max-segments", "4", "--json", str(path)]) == 0
+    records = json.loads(path.read_text())
+    assert {r["num_segments"] for r in records} == {1, 2, 3, 4}
+    assert all(sum(r["segment_lengths"]) == 64 for r in records)
+    assert records[0]["calibrated_for"]["shape"]["dim"] == DEBUG_MODEL.dim
+    chosen = next(r for r in records if r["chosen"])
+    out = capsys.readouterr().out
+    assert "--parallelism.pipeline_parallel_schedule 1F1B --seq1f1b.schedule Seq1F1B" in out
+    if chosen["partition"] == "time":
+        assert f"--seq1f1b.segment_lengths {' '.join(map(str, chosen['segment_lengths']))}" in out
+    else:
+        assert (f"--seq1f1b.num_segments {chosen['num_segments']} "
+                f"--seq1f1b.partition {chosen['partition']}") in out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--job-config", str(REPO / "train_configs" / "debug_seq1f1b.toml")],
+         "TOML job configs are torchtitan 0.2.2's, and torchtitan 0.3 is installed"),
+        (["--job-config", "nope"], "Config function 'nope' not found in torchtitan_seq1f1b"),
+        (["--job-config", "seq1f1b_debug", "--job-module", "no_such_module"],
+         "Cannot import module 'no_such_module'"),
+        (["--job-config", "seq1f1b_debug", "--attention-backend", "flash"],
+         "seq1f1b.attention_backend='flash' cannot run on cpu"),
+        (["--job-config", "seq1f1b_debug", "--pp", "1"],
+         "the job runs no Seq1F1B schedule (parallelism.pipeline_parallel_degree=1"),
+        (["--job-config", "seq1f1b_debug", "--schedule", "Seq1F1BZBV", "-v", "1"],
+         "Seq1F1BZBV runs between 2 and 2 stages"),
+    ],
+)
+def test_a_job_config_the_job_would_refuse_is_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--job-config", str(REPO / "train_configs" / "debug_seq1f1b.toml")])
+        cli.main([*argv, "--device", "cpu"])
     assert exit_info.value.code == 2
-    error = capsys.readouterr().err
-    assert "--job-config reads torchtitan 0.2.2 TOML configs, and torchtitan 0.3" in error
-    assert "give the model and layout options" in error
+    assert message in capsys.readouterr().err

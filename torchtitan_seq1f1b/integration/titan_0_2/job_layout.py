@@ -11,15 +11,15 @@ config the job would reject is rejected here with the same message.
 """
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from torchtitan.config import ConfigManager, JobConfig
+from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
+from torchtitan_seq1f1b.integration.job_layout import JobLayout
 from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (
@@ -28,29 +28,8 @@ from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (
     module_names_per_stage,
     transformer_cost,
 )
-from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["JobLayout", "read_job_layout"]
-
-
-@dataclass(frozen=True)
-class JobLayout:
-    """What a job config fixes for the planner.
-
-    Args:
-        job_config: the parsed config (``seq1f1b``, ``training``, ``parallelism``...).
-        shape: the model flavor's dims.
-        stages_per_rank: stages on every pipeline rank, as the job would split them.
-        microbatches: ``training.local_batch_size`` over the microbatch size.
-        dtype: the dtype activations are computed in (``mixed_precision_param``
-            under FSDP, else float32).
-    """
-
-    job_config: JobConfig
-    shape: TransformerCost
-    stages_per_rank: int
-    microbatches: int
-    dtype: torch.dtype
+__all__ = ["read_job_layout"]
 
 
 def read_job_layout(
@@ -96,11 +75,18 @@ def read_job_layout(
     stages = module_names_per_stage(job_config, parallel_dims, model_args, entry)
     with torch.device("meta"):
         model = spec.model_cls(model_args)
+    options = job_config.seq1f1b
     return JobLayout(
-        job_config=job_config,
         shape=transformer_cost(model),
+        seq_len=job_config.training.seq_len,
+        num_ranks=parallel_dims.pp,
+        schedule=name,
         stages_per_rank=len(stages) // parallel_dims.pp,
         microbatches=job_config.training.local_batch_size
         // parallelism.pipeline_parallel_microbatch_size,
+        microbatch_size=parallelism.pipeline_parallel_microbatch_size,
+        align=math.lcm(options.align, parallelism.tensor_parallel_degree),
+        attention_backend=options.attention_backend,
+        memory_budget_gib=options.memory_budget_gib,
         dtype=attention_target(job_config, parallel_dims, model_args, device).dtype,
     )

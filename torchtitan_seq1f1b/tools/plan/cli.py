@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 
 import torch
 
 from torchtitan_seq1f1b.integration import install, titan_release
+from torchtitan_seq1f1b.integration.job_layout import JobLayout
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.planner import (
     AutoPlan,
@@ -48,12 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     job = parser.add_argument_group(
         "job config (the options below, when given, override what it says)"
     )
-    job.add_argument("--job-config", metavar="TOML",
-                     help="a torchtitan 0.2.2 job config: model flavor, training.seq_len, "
-                          "pipeline degree, schedule, stages, microbatches, [seq1f1b] align, "
-                          "attention_backend and memory_budget_gib, the tensor-parallel degree "
-                          "folded into align, and the dtype FSDP computes in "
-                          "(data_parallel_shard_degree = -1 counts as 1: pass --dtype)")
+    job.add_argument("--job-config", metavar="TOML_OR_NAME",
+                     help="a torchtitan job config: under 0.2.2 a TOML file, under 0.3 the "
+                          "name of a config function in --job-module's registry (as "
+                          "torchtitan.train's --config takes it). It gives the model, "
+                          "training.seq_len, pipeline degree, schedule, stages, microbatches, "
+                          "seq1f1b align, attention_backend and memory_budget_gib, the "
+                          "tensor-parallel degree folded into align, and the dtype FSDP "
+                          "computes in (data_parallel_shard_degree = -1 counts as 1: pass "
+                          "--dtype)")
+    job.add_argument("--job-module", metavar="MODULE",
+                     help="torchtitan 0.3: the module whose config registry has --job-config "
+                          "(default torchtitan_seq1f1b, as torchtitan.train's --module)")
     add_model_arguments(parser, "named model shape (or give explicit dims)")
     run = parser.add_argument_group("layout (required without --job-config)")
     run.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
@@ -89,14 +95,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace):
+def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> JobLayout:
     """The layout ``--job-config`` gives, with the explicit options written over it."""
+    release = titan_release()
+    if release not in ("0.2", "0.3"):
+        parser.error(
+            f"--job-config needs torchtitan 0.2.2 or 0.3 "
+            f"({f'{release} is installed' if release else 'none is installed'}): pip install "
+            "'torchtitan-seq1f1b[titan02]' or '[titan03]', or give the model and layout options"
+        )
+    if args.job_module is not None and release != "0.3":
+        parser.error("--job-module names a torchtitan 0.3 config registry; 0.2.2 job configs "
+                     "are the TOML file --job-config names")
+    if release == "0.3" and args.job_config.endswith(".toml"):
+        parser.error(
+            f"--job-config {args.job_config}: TOML job configs are torchtitan 0.2.2's, and "
+            "torchtitan 0.3 is installed; name a config function of --job-module's registry "
+            "instead (e.g. --job-config seq1f1b_debug)"
+        )
+    schedule = [("parallelism.pipeline_parallel_schedule", args.schedule)]
+    if release == "0.3" and args.schedule is not None:
+        # 0.3 names the torch schedule whose stage layout the Seq1F1B one runs on.
+        schedule = [("seq1f1b.schedule", args.schedule),
+                    ("parallelism.pipeline_parallel_schedule", SCHEDULES[args.schedule].layout_of)]
     overrides = [
         f"--{key}={value}"
         for key, value in (
             ("training.seq_len", args.seq_len),
             ("parallelism.pipeline_parallel_degree", args.pp),
-            ("parallelism.pipeline_parallel_schedule", args.schedule),
+            *schedule,
             ("parallelism.pipeline_parallel_microbatch_size", args.microbatch_size),
             ("seq1f1b.align", args.align),
             ("seq1f1b.attention_backend", args.attention_backend),
@@ -107,19 +134,19 @@ def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace):
         overrides.append(f"--training.local_batch_size={args.microbatches * (args.microbatch_size or 1)}")
         if args.microbatch_size is None:
             overrides.append("--parallelism.pipeline_parallel_microbatch_size=1")
-    release = titan_release()
-    if release != "0.2":
-        parser.error(
-            f"--job-config reads torchtitan 0.2.2 TOML configs, and torchtitan "
-            f"{f'{release} is installed' if release else 'is not installed'}: "
-            "pip install 'torchtitan-seq1f1b[titan02]', or give the model and layout "
-            "options (torchtitan 0.3 configs are Python; num_segments = 'auto' plans in the job)"
-        )
-    from torchtitan_seq1f1b.integration.titan_0_2.job_layout import read_job_layout
-
     install()
+    device = torch.device(args.device)
     try:
-        return read_job_layout(args.job_config, overrides, torch.device(args.device))
+        if release == "0.2":
+            from torchtitan_seq1f1b.integration.titan_0_2.job_layout import read_job_layout
+
+            return read_job_layout(args.job_config, overrides, device)
+        from torchtitan_seq1f1b.integration.titan_0_3.job_layout import (
+            read_job_layout as read_config_layout,
+        )
+
+        module = args.job_module or "torchtitan_seq1f1b"
+        return read_config_layout(module, args.job_config, overrides, device)
     except ValueError as error:
         parser.error(f"--job-config {args.job_config}: {error}")
 
@@ -132,21 +159,19 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
     found = model_from_args(parser, args, default=None)
     if args.job_config is not None:
         layout = _job_layout(parser, args)
-        job, options = layout.job_config, layout.job_config.seq1f1b
         shape = found[1] if found else layout.shape
-        seq_len, pp = job.training.seq_len, job.parallelism.pipeline_parallel_degree
-        microbatches, schedule = layout.microbatches, job.parallelism.pipeline_parallel_schedule
+        seq_len, pp = layout.seq_len, layout.num_ranks
+        microbatches, schedule = layout.microbatches, layout.schedule
         stages_per_rank = args.stages_per_rank or layout.stages_per_rank
-        align = math.lcm(options.align, job.parallelism.tensor_parallel_degree)
-        microbatch_size = job.parallelism.pipeline_parallel_microbatch_size
-        attention_backend = options.attention_backend
-        budget_gib = args.memory_budget_gib or options.memory_budget_gib
+        align, microbatch_size = layout.align, layout.microbatch_size
+        attention_backend = layout.attention_backend
+        budget_gib = args.memory_budget_gib or layout.memory_budget_gib
         dtype = _DTYPES[args.dtype] if args.dtype else layout.dtype
     else:
         if found is None:
             parser.error(
-                "give a model: --job-config TOML, --model NAME, or --layers/--dim/--heads "
-                "(and more dims)"
+                "give a model: --job-config (a torchtitan job config), --model NAME, or "
+                "--layers/--dim/--heads (and more dims)"
             )
         missing = [flag for flag, value in (("--seq-len", args.seq_len), ("--pp", args.pp),
                                             ("--microbatches", args.microbatches)) if value is None]
@@ -196,15 +221,30 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
     )
 
 
-def _toml_snippet(args: argparse.Namespace, plan: AutoPlan) -> str:
+def _job_settings(args: argparse.Namespace, plan: AutoPlan) -> str:
+    """The chosen plan as the installed torchtitan's job config sets it (0.2.2 TOML without one)."""
     best = plan.recommendation.best
-    if best.partition == "time":
-        lengths = f"segment_lengths = {list(best.plan.lengths)}"
+    time_balanced = best.partition == "time"
+    if titan_release() == "0.3":
+        layout = SCHEDULES[args.schedule].layout_of
+        cut = (
+            f"--seq1f1b.segment_lengths {' '.join(map(str, best.plan.lengths))}"
+            if time_balanced
+            else f"--seq1f1b.num_segments {best.num_segments} --seq1f1b.partition {best.partition}"
+        )
+        return (
+            "on a torchtitan 0.3 job's command line (torchtitan.train --module ... --config ...):\n"
+            f"--parallelism.pipeline_parallel_schedule {layout} --seq1f1b.schedule {args.schedule} "
+            f"{cut}"
+        )
+    if time_balanced:
+        cut = f"segment_lengths = {list(best.plan.lengths)}"
     else:
-        lengths = f'num_segments = {best.num_segments}\npartition = "{best.partition}"'
+        cut = f'num_segments = {best.num_segments}\npartition = "{best.partition}"'
     return (
+        "in a torchtitan 0.2.2 job config:\n"
         f'[parallelism]\npipeline_parallel_schedule = "{args.schedule}"\n\n'
-        f"[seq1f1b]\n{lengths}"
+        f"[seq1f1b]\n{cut}"
     )
 
 
@@ -247,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"predicted step {best.step_seconds:.4f} s, bubble {best.bubble_fraction:.3f}, peak "
         f"{' '.join(f'{b / GIB:.3f}' for b in best.peak_bytes)} GiB per rank\n"
     )
-    print("in a torchtitan 0.2.2 job config:\n" + _toml_snippet(args, plan))
+    print(_job_settings(args, plan))
     if args.json:
         write_json(parser, args.json, _records(plan))
     return 0

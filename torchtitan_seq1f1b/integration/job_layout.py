@@ -1,0 +1,44 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""What a torchtitan job config fixes for the planner, whichever torchtitan reads it."""
+
+from dataclasses import dataclass
+
+import torch
+
+from torchtitan_seq1f1b.segmenting import TransformerCost
+
+__all__ = ["JobLayout"]
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """A job config as its job would lay it out, resolved for the planner.
+
+    Args:
+        shape: the model's dims.
+        seq_len: ``training.seq_len``.
+        num_ranks: ``parallelism.pipeline_parallel_degree``.
+        schedule: the Seq1F1B schedule the job runs (a key of ``SCHEDULES``).
+        stages_per_rank: stages on every pipeline rank, as the job would split them.
+        microbatches: ``training.local_batch_size`` over the microbatch size.
+        microbatch_size: ``parallelism.pipeline_parallel_microbatch_size``.
+        align: every segment length is a multiple of it:
+            ``lcm(seq1f1b.align, tensor_parallel_degree)``, as the job cuts.
+        attention_backend: ``seq1f1b.attention_backend``.
+        memory_budget_gib: ``seq1f1b.memory_budget_gib``.
+        dtype: the dtype activations are computed in.
+    """
+
+    shape: TransformerCost
+    seq_len: int
+    num_ranks: int
+    schedule: str
+    stages_per_rank: int
+    microbatches: int
+    microbatch_size: int
+    align: int
+    attention_backend: str
+    memory_budget_gib: float | None
+    dtype: torch.dtype

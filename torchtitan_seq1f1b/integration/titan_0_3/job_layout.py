@@ -1,0 +1,94 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""A torchtitan 0.3 job config read as its job would lay it out, without starting it.
+
+torchtitan 0.3 configs are Python: a function of a module's config registry,
+named the way ``torchtitan.train`` takes them (``--module torchtitan_seq1f1b
+--config seq1f1b_debug``). torchtitan's ``ConfigManager`` builds it with the
+command's overrides, and the job's start-up checks run on it, so a config the
+job would refuse is refused here with the same message.
+"""
+
+import math
+
+import torch
+
+from torchtitan.config import ConfigManager
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
+
+from torchtitan_seq1f1b.integration.job_layout import JobLayout
+from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES
+from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
+    check_attention_backend,
+    check_config,
+    compute_dtype,
+    runs_seq1f1b,
+)
+from torchtitan_seq1f1b.integration.titan_0_3.plan import transformer_cost
+
+__all__ = ["read_job_layout"]
+
+
+def read_job_layout(
+    module: str, config_name: str, overrides: list[str], device: torch.device
+) -> JobLayout:
+    """Build ``module``'s config ``config_name`` with ``overrides`` (``--section.key=value``)
+    and check it as a job on ``device`` would.
+
+    ``data_parallel_shard_degree = -1`` takes no ranks here (no world size is
+    known), so the dtype is ``training.dtype`` unless the degree is set above 1.
+    Raises :class:`Seq1F1BConfigError` for what the job would refuse, and for a
+    job that would not run a Seq1F1B schedule.
+    """
+    try:
+        config = ConfigManager().parse_args(["--module", module, "--config", config_name, *overrides])
+    except (ImportError, ValueError) as error:
+        raise Seq1F1BConfigError(str(error)) from None
+    parallelism = config.parallelism
+    if not hasattr(config, "seq1f1b"):
+        raise Seq1F1BConfigError(
+            f"{module}.{config_name} has no seq1f1b section; build it with "
+            "Seq1F1BTrainer.Config (torchtitan_seq1f1b.integration.titan_0_3)"
+        )
+    if not runs_seq1f1b(config):
+        raise Seq1F1BConfigError(
+            f"the job runs no Seq1F1B schedule (parallelism.pipeline_parallel_degree="
+            f"{parallelism.pipeline_parallel_degree}, seq1f1b.schedule={config.seq1f1b.schedule!r}); "
+            f"set the degree above 1 and seq1f1b.schedule to one of {sorted(SCHEDULES)} "
+            "(or pass --pp and --schedule)"
+        )
+    check_config(config)
+    options, training = config.seq1f1b, config.training
+    model_config = config.model_spec.model
+    degrees = dict(
+        dp_replicate=parallelism.data_parallel_replicate_degree,
+        dp_shard=max(parallelism.data_parallel_shard_degree, 1),
+        cp=parallelism.context_parallel_degree,
+        tp=parallelism.tensor_parallel_degree,
+        pp=parallelism.pipeline_parallel_degree,
+    )
+    parallel_dims = ParallelDims(**degrees, ep=1, world_size=math.prod(degrees.values()))
+    attention = model_config.first_attention
+    check_attention_backend(
+        options, training, parallel_dims, attention.head_dim or attention.dim // attention.n_heads, device
+    )
+    try:
+        num_stages, *_ = _get_pipeline_metadata(parallel_dims, parallelism, model_config)
+    except ValueError as error:
+        raise Seq1F1BConfigError(str(error)) from None
+    return JobLayout(
+        shape=transformer_cost(model_config),
+        seq_len=training.seq_len,
+        num_ranks=parallel_dims.pp,
+        schedule=options.schedule,
+        stages_per_rank=num_stages // parallel_dims.pp,
+        microbatches=training.local_batch_size // parallelism.pipeline_parallel_microbatch_size,
+        microbatch_size=parallelism.pipeline_parallel_microbatch_size,
+        align=math.lcm(options.align, parallelism.tensor_parallel_degree),
+        attention_backend=options.attention_backend,
+        memory_budget_gib=options.memory_budget_gib,
+        dtype=compute_dtype(training, parallel_dims),
+    )
