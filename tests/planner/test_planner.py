@@ -18,10 +18,9 @@ from torchtitan_seq1f1b.orders import seq1f1b_order
 from torchtitan_seq1f1b.planner import (
     cached_calibration,
     calibrate,
-    contended_replay,
     CalibrationTarget,
     causal_pairs,
-    chained_blocks,
+    contended_replay,
     estimate,
     fit_unit_time,
     MAX_CHAINED_BLOCKS,
@@ -29,6 +28,7 @@ from torchtitan_seq1f1b.planner import (
     PipelineShape,
     PredictedTime,
     prefix_rectangle,
+    rank_chain_length,
     recommend,
     segment_plan,
     TimeModel,
@@ -253,11 +253,11 @@ def test_a_chain_splits_its_measured_times_and_bytes_among_its_blocks(monkeypatc
     assert chained.kv_bytes == alone.kv_bytes == 2 * SHAPE.kv_dim * 4
 
 
-def test_a_job_chains_the_blocks_of_its_emptiest_rank_up_to_the_cap():
-    assert chained_blocks(8, 2) == 4  # the bench model at pp = 2, whatever its stages per rank
-    assert chained_blocks(7, 2) == 3
-    assert chained_blocks(80, 8) == MAX_CHAINED_BLOCKS
-    assert chained_blocks(2, 4) == 1
+def test_a_job_chains_the_blocks_a_rank_holds_up_to_the_cap():
+    assert rank_chain_length(8, 2) == 4  # the bench model at pp = 2, whatever its stages per rank
+    assert rank_chain_length(7, 2) == 3
+    assert rank_chain_length(80, 8) == MAX_CHAINED_BLOCKS
+    assert rank_chain_length(2, 4) == 1
     with pytest.raises(ValueError, match="chained_blocks must be at least 1"):
         _target(chained_blocks=0)
 

@@ -14,7 +14,7 @@ from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.planner.calibrate import (
     cached_calibration,
     CalibrationTarget,
-    chained_blocks,
+    rank_chain_length,
 )
 from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation, recommend
 from torchtitan_seq1f1b.planner.estimate import PipelineShape
@@ -82,7 +82,7 @@ def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
         dtype=request.dtype,
         microbatch_size=request.microbatch_size,
         attention_backend=request.attention_backend,
-        chained_blocks=chained_blocks(request.shape.n_layers, request.num_ranks),
+        chained_blocks=rank_chain_length(request.shape.n_layers, request.num_ranks),
     )
     model, path, cached = cached_calibration(target, refresh=request.refresh)
     source = f"{'read from' if cached else 'measured, saved to'} {path}"

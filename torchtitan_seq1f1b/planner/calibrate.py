@@ -18,7 +18,7 @@ drifts by several percent over seconds, and a median of three passes let slow
 stretches move I against B (and so a zero-bubble prediction) by up to 11% from
 one calibration to the next.
 The fit is cached per (shape, seq_len, device, dtype, backend, chain, torch),
-so a job pays the minute once.
+so a job pays for it once.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = [
     "MAX_CHAINED_BLOCKS",
     "calibrate",
     "cached_calibration",
-    "chained_blocks",
+    "rank_chain_length",
 ]
 
 CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
@@ -82,7 +82,7 @@ class CalibrationTarget:
             a unit slows while the others compute is measured too.
         chained_blocks: blocks timed as one chain, whose unit times are split
             evenly among them; a job chains as many as a rank holds
-            (:func:`chained_blocks`).
+            (:func:`rank_chain_length`).
     """
 
     shape: TransformerCost
@@ -125,12 +125,13 @@ class CalibrationTarget:
         }
 
 
-def chained_blocks(n_layers: int, num_ranks: int) -> int:
+def rank_chain_length(n_layers: int, num_ranks: int) -> int:
     """Blocks to calibrate as one chain for ``n_layers`` over ``num_ranks`` pipeline ranks.
 
-    As many as the emptiest rank holds, whatever its stages: chained this deep,
-    the ZB-V's predicted step ratios came closer to the measured ones than
-    chained as deep as its stages. At most :data:`MAX_CHAINED_BLOCKS`.
+    The blocks a rank holds when they are spread evenly (rounded down),
+    whatever its stages: chained this deep, the ZB-V's predicted step ratios
+    came closer to the measured ones than chained as deep as its stages. At
+    most :data:`MAX_CHAINED_BLOCKS`.
     """
     return max(1, min(n_layers // num_ranks, MAX_CHAINED_BLOCKS))
 

@@ -17,9 +17,9 @@ import torch
 from torchtitan_seq1f1b.planner import (
     CACHE_ENV,
     CalibrationTarget,
-    chained_blocks,
     GIB,
     NoPlanFitsError,
+    rank_chain_length,
 )
 
 from tests.harness import (
@@ -293,7 +293,7 @@ PLANNER_ARGS = ("--seq1f1b.num_segments", "auto", "--seq1f1b.partition", "auto")
 
 def _test_job_cost():
     """The debug model's dims at TEST_ARGS, as the adapter reads them."""
-    from torchtitan_seq1f1b.integration.titan_0_2.job_layout import read_job_layout
+    from torchtitan_seq1f1b.tools.plan.titan_0_2_job import read_job_layout
 
     return read_job_layout(DEBUG_CONFIG, list(TEST_ARGS), torch.device("cpu")).shape
 
@@ -310,7 +310,7 @@ def planner_cache(tmp_path_factory):
         device="cpu",
         dtype=torch.float32,
         microbatch_size=2,
-        chained_blocks=chained_blocks(cost.n_layers, 2),
+        chained_blocks=rank_chain_length(cost.n_layers, 2),
     )
     return folder, write_calibration(folder, target), cost
 

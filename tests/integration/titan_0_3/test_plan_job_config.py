@@ -53,13 +53,35 @@ def test_plans_the_job_end_to_end_and_prints_its_flags(tmp_path, capsys):
     assert all(sum(r["segment_lengths"]) == 64 for r in records)
     assert records[0]["calibrated_for"]["shape"]["dim"] == DEBUG_MODEL.dim
     chosen = next(r for r in records if r["chosen"])
-    out = capsys.readouterr().out
-    assert "--parallelism.pipeline_parallel_schedule 1F1B --seq1f1b.schedule Seq1F1B" in out
+    flags = capsys.readouterr().out.splitlines()[-1]
+    expected = ("--module torchtitan_seq1f1b --config seq1f1b_debug "
+                "--parallelism.pipeline_parallel_schedule 1F1B --seq1f1b.schedule Seq1F1B "
+                f"--seq1f1b.num_segments {chosen['num_segments']} ")
     if chosen["partition"] == "time":
-        assert f"--seq1f1b.segment_lengths {' '.join(map(str, chosen['segment_lengths']))}" in out
+        expected += ("--seq1f1b.partition balanced --seq1f1b.segment_lengths "
+                     + " ".join(map(str, chosen["segment_lengths"])))
     else:
-        assert (f"--seq1f1b.num_segments {chosen['num_segments']} "
-                f"--seq1f1b.partition {chosen['partition']}") in out
+        expected += f"--seq1f1b.partition {chosen['partition']}"
+    assert flags == expected
+
+
+def test_the_printed_flags_run_the_plan_the_command_made(capsys):
+    """The layout options, the schedule's torch layout and a time-balanced cut come back as
+    flags; built into the config, they give the job that plan, without the planner."""
+    from torchtitan.config import ConfigManager
+
+    from torchtitan_seq1f1b.integration.plan import uses_planner
+
+    assert cli.main(["--job-config", "seq1f1b_debug", "--seq-len", "96", "--schedule", "Seq1F1BZBV",
+                     "--partitions", "time", "--threads", "1", "--max-segments", "3"]) == 0
+    flags = capsys.readouterr().out.splitlines()[-1].split()
+    assert flags[:4] == ["--module", "torchtitan_seq1f1b", "--config", "seq1f1b_debug"]
+    config = ConfigManager().parse_args(flags)
+    options = config.seq1f1b
+    assert config.training.seq_len == 96 and options.schedule == "Seq1F1BZBV"
+    assert config.parallelism.pipeline_parallel_schedule == "ZBVZeroBubble"
+    assert sum(options.segment_lengths) == 96 and len(options.segment_lengths) == options.num_segments
+    assert not uses_planner(options)
 
 
 @pytest.mark.parametrize(
@@ -76,6 +98,10 @@ def test_plans_the_job_end_to_end_and_prints_its_flags(tmp_path, capsys):
          "the job runs no Seq1F1B schedule (parallelism.pipeline_parallel_degree=1"),
         (["--job-config", "seq1f1b_debug", "--schedule", "Seq1F1BZBV", "-v", "1"],
          "Seq1F1BZBV runs between 2 and 2 stages"),
+        (["--job-config", "llama3_debugmodel", "--job-module", "llama3"],
+         "llama3 config 'llama3_debugmodel' is not a Seq1F1B job"),
+        (["--job-module", "torchtitan_seq1f1b", "--model", "llama3-8b"],
+         "--job-module names where --job-config's function is; give --job-config too"),
     ],
 )
 def test_a_job_config_the_job_would_refuse_is_refused(argv, message, capsys):

@@ -22,9 +22,9 @@ import torch
 from torchtitan_seq1f1b.planner import (
     CACHE_ENV,
     CalibrationTarget,
-    chained_blocks,
     GIB,
     NoPlanFitsError,
+    rank_chain_length,
 )
 
 from tests.harness import (
@@ -202,7 +202,7 @@ def planner_cache(tmp_path_factory):
         device="cpu",
         dtype=torch.float32,
         microbatch_size=2,
-        chained_blocks=chained_blocks(cost.n_layers, 2),
+        chained_blocks=rank_chain_length(cost.n_layers, 2),
     )
     return folder, write_calibration(folder, target), cost
 

@@ -46,7 +46,7 @@ from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
 from torchtitan_seq1f1b.integration.titan_0_3.contiguous import send_contiguous
 from torchtitan_seq1f1b.integration.titan_0_3.attention import make_segment_aware, MASKS_KWARG
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
-from torchtitan_seq1f1b.integration.titan_0_3.plan import segment_plan_for
+from torchtitan_seq1f1b.integration.titan_0_3.plan import attention_head_dim, segment_plan_for
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 
 __all__ = ["pipeline_llm_seq1f1b"]
@@ -90,13 +90,8 @@ def pipeline_llm_seq1f1b(
             loss_fn=loss_fn,
         )
     entry = SCHEDULES[options.schedule]
-    attention = model_config.first_attention
     check_attention_backend(
-        options,
-        training,
-        parallel_dims,
-        attention.head_dim or attention.dim // attention.n_heads,
-        device,
+        options, training, parallel_dims, attention_head_dim(model_config), device
     )
     # Stage counts are checked against pipeline_parallel_schedule, a torch name.
     num_stages, num_layers, input_weight, output_weight = _get_pipeline_metadata(

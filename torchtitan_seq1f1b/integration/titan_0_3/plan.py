@@ -10,7 +10,7 @@ from torchtitan_seq1f1b.integration.plan import plan_segments, PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
-__all__ = ["segment_plan_for", "transformer_cost"]
+__all__ = ["attention_head_dim", "segment_plan_for", "transformer_cost"]
 
 
 def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
@@ -25,6 +25,12 @@ def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
         ffn_hidden_dim=model_config.layers[0].feed_forward.w1.out_features,
         vocab_size=model_config.vocab_size,
     )
+
+
+def attention_head_dim(model_config: BaseModel.Config) -> int:
+    """The head dim of a torchtitan 0.3 decoder config's attention (dim / heads unless set)."""
+    attention = model_config.first_attention
+    return attention.head_dim or attention.dim // attention.n_heads
 
 
 def segment_plan_for(

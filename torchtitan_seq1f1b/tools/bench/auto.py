@@ -12,12 +12,12 @@ import torch
 from torchtitan_seq1f1b.planner import (
     cached_calibration,
     CalibrationTarget,
-    chained_blocks,
     estimate,
     PipelineShape,
     PlanEstimate,
-    Recommendation,
+    rank_chain_length,
     recommend,
+    Recommendation,
     TimeModel,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -40,7 +40,7 @@ def calibrate_bench_model(config: BenchConfig, refresh: bool = False) -> tuple[T
             microbatch_size=config.microbatch_size,
             attention_backend=config.model.attention_backend,
             contenders=config.pp,
-            chained_blocks=chained_blocks(shape.n_layers, config.pp),
+            chained_blocks=rank_chain_length(shape.n_layers, config.pp),
         )
         model, path, cached = cached_calibration(target, refresh)
     finally:

@@ -61,10 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--memory-budget-gib", type=positive_float, metavar="GIB",
                      help="with --auto: activations + K/V bytes per rank the pick must fit")
     run.add_argument("--recalibrate", action="store_true",
-                     help="time the block and head again even if this machine's calibration "
+                     help="time the blocks and head again even if this machine's calibration "
                           "is cached (e.g. it was taken while other work ran)")
     run.add_argument("--no-calibrate", action="store_true",
-                     help="skip timing the model's block and head on this machine (then no "
+                     help="skip timing the model's blocks and head on this machine (then no "
                           "calibrated predictions, no --auto, no time partition)")
     run.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES),
                      metavar="NAME", help=f"rows to run (default all: {', '.join(SCHEDULES)})")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from torchtitan_seq1f1b.integration import install, titan_release
-from torchtitan_seq1f1b.integration.job_layout import JobLayout
+from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.planner import (
     AutoPlan,
@@ -39,9 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m torchtitan_seq1f1b.plan",
         description=(
             "Time a pipeline rank's transformer blocks (at most 4, chained) and the LM head of "
-            "a model shape on this device, segment by segment (cached per shape, device and "
-            "dtype), then predict step time, "
-            "bubble and per-rank memory of every k and partition under the schedule's real "
+            "a model shape on this device, segment by segment (cached per shape, device, dtype "
+            "and chain), then predict step time, bubble and per-rank memory of every k and partition under the schedule's real "
             "order and recommend the fastest plan that fits the memory budget."
         ),
     )
@@ -134,19 +133,18 @@ def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Jo
         overrides.append(f"--training.local_batch_size={args.microbatches * (args.microbatch_size or 1)}")
         if args.microbatch_size is None:
             overrides.append("--parallelism.pipeline_parallel_microbatch_size=1")
+    args.job_overrides = overrides  # the job needs them too, to run the plan printed for it
     install()
     device = torch.device(args.device)
     try:
         if release == "0.2":
-            from torchtitan_seq1f1b.integration.titan_0_2.job_layout import read_job_layout
+            from torchtitan_seq1f1b.tools.plan import titan_0_2_job
 
-            return read_job_layout(args.job_config, overrides, device)
-        from torchtitan_seq1f1b.integration.titan_0_3.job_layout import (
-            read_job_layout as read_config_layout,
-        )
+            return titan_0_2_job.read_job_layout(args.job_config, overrides, device)
+        from torchtitan_seq1f1b.tools.plan import titan_0_3_job
 
-        module = args.job_module or "torchtitan_seq1f1b"
-        return read_config_layout(module, args.job_config, overrides, device)
+        args.job_module = args.job_module or "torchtitan_seq1f1b"
+        return titan_0_3_job.read_job_layout(args.job_module, args.job_config, overrides, device)
     except ValueError as error:
         parser.error(f"--job-config {args.job_config}: {error}")
 
@@ -157,6 +155,8 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; use --device cpu")
     found = model_from_args(parser, args, default=None)
+    if args.job_module is not None and args.job_config is None:
+        parser.error("--job-module names where --job-config's function is; give --job-config too")
     if args.job_config is not None:
         layout = _job_layout(parser, args)
         shape = found[1] if found else layout.shape
@@ -222,20 +222,24 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
 
 
 def _job_settings(args: argparse.Namespace, plan: AutoPlan) -> str:
-    """The chosen plan as the installed torchtitan's job config sets it (0.2.2 TOML without one)."""
+    """The chosen plan as the installed torchtitan's job config sets it (0.2.2 TOML without one).
+
+    Under 0.3 a time-balanced pick is given as its lengths, with an integer k
+    and a FLOP partition so that the job does not ask the planner again.
+    """
     best = plan.recommendation.best
     time_balanced = best.partition == "time"
     if titan_release() == "0.3":
-        layout = SCHEDULES[args.schedule].layout_of
-        cut = (
-            f"--seq1f1b.segment_lengths {' '.join(map(str, best.plan.lengths))}"
-            if time_balanced
-            else f"--seq1f1b.num_segments {best.num_segments} --seq1f1b.partition {best.partition}"
-        )
-        return (
-            "on a torchtitan 0.3 job's command line (torchtitan.train --module ... --config ...):\n"
-            f"--parallelism.pipeline_parallel_schedule {layout} --seq1f1b.schedule {args.schedule} "
-            f"{cut}"
+        pick = [f"--seq1f1b.num_segments {best.num_segments}",
+                f"--seq1f1b.partition {'balanced' if time_balanced else best.partition}"]
+        if time_balanced:
+            pick.append(f"--seq1f1b.segment_lengths {' '.join(map(str, best.plan.lengths))}")
+        job = (["--module", args.job_module, "--config", args.job_config, *args.job_overrides]
+               if args.job_config else [])
+        schedule = [f"--parallelism.pipeline_parallel_schedule {SCHEDULES[args.schedule].layout_of}",
+                    f"--seq1f1b.schedule {args.schedule}"]
+        return "for a torchtitan 0.3 job (torchrun ... -m torchtitan.train ...):\n" + " ".join(
+            [*job, *schedule, *pick]
         )
     if time_balanced:
         cut = f"segment_lengths = {list(best.plan.lengths)}"

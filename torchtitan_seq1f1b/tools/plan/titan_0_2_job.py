@@ -19,7 +19,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
-from torchtitan_seq1f1b.integration.job_layout import JobLayout
+from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
 from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (

@@ -18,7 +18,6 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
 
-from torchtitan_seq1f1b.integration.job_layout import JobLayout
 from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
@@ -27,9 +26,21 @@ from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     compute_dtype,
     runs_seq1f1b,
 )
-from torchtitan_seq1f1b.integration.titan_0_3.plan import transformer_cost
+from torchtitan_seq1f1b.integration.titan_0_3.plan import attention_head_dim, transformer_cost
+from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
 
 __all__ = ["read_job_layout"]
+
+
+def _build(module: str, config_name: str, overrides: list[str]):
+    try:
+        return ConfigManager().parse_args(["--module", module, "--config", config_name, *overrides])
+    except (ImportError, ValueError, TypeError) as error:
+        raise Seq1F1BConfigError(str(error)) from None
+    except SystemExit:  # torchtitan's parser printed why
+        raise Seq1F1BConfigError(
+            f"torchtitan could not apply {' '.join(overrides)} to {config_name} (see above)"
+        ) from None
 
 
 def read_job_layout(
@@ -43,16 +54,16 @@ def read_job_layout(
     Raises :class:`Seq1F1BConfigError` for what the job would refuse, and for a
     job that would not run a Seq1F1B schedule.
     """
-    try:
-        config = ConfigManager().parse_args(["--module", module, "--config", config_name, *overrides])
-    except (ImportError, ValueError) as error:
-        raise Seq1F1BConfigError(str(error)) from None
-    parallelism = config.parallelism
-    if not hasattr(config, "seq1f1b"):
+    config = _build(module, config_name, [])
+    if not hasattr(config, "seq1f1b") or config.model_spec is None:
         raise Seq1F1BConfigError(
-            f"{module}.{config_name} has no seq1f1b section; build it with "
-            "Seq1F1BTrainer.Config (torchtitan_seq1f1b.integration.titan_0_3)"
+            f"{module} config {config_name!r} is not a Seq1F1B job (no seq1f1b section or no "
+            "model); build it as Seq1F1BTrainer.Config with a model_spec, like "
+            "torchtitan_seq1f1b's seq1f1b_debug"
         )
+    if overrides:
+        config = _build(module, config_name, overrides)
+    parallelism = config.parallelism
     if not runs_seq1f1b(config):
         raise Seq1F1BConfigError(
             f"the job runs no Seq1F1B schedule (parallelism.pipeline_parallel_degree="
@@ -71,9 +82,8 @@ def read_job_layout(
         pp=parallelism.pipeline_parallel_degree,
     )
     parallel_dims = ParallelDims(**degrees, ep=1, world_size=math.prod(degrees.values()))
-    attention = model_config.first_attention
     check_attention_backend(
-        options, training, parallel_dims, attention.head_dim or attention.dim // attention.n_heads, device
+        options, training, parallel_dims, attention_head_dim(model_config), device
     )
     try:
         num_stages, *_ = _get_pipeline_metadata(parallel_dims, parallelism, model_config)
