@@ -26,12 +26,23 @@ import torch
 
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.planner.auto import AutoPlanRequest, recommend_for
-from torchtitan_seq1f1b.planner.calibrate import CACHE_ENV, cached_calibration, CalibrationTarget
+from torchtitan_seq1f1b.planner.calibrate import (
+    CACHE_ENV,
+    cached_calibration,
+    CalibrationTarget,
+    rank_chain_length,
+)
 from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation
 from torchtitan_seq1f1b.planner.time_model import TimeModel, UnitTime
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["TIME_MODEL", "TORCHRUN_THREADS", "expected_recommendation", "write_calibration"]
+__all__ = [
+    "TIME_MODEL",
+    "TORCHRUN_THREADS",
+    "expected_recommendation",
+    "planner_job_target",
+    "write_calibration",
+]
 
 # The module (the package exports its function ``calibrate`` under the same name).
 _calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
@@ -70,6 +81,19 @@ def _threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def planner_job_target(cost: TransformerCost) -> CalibrationTarget:
+    """What the tests' planner jobs calibrate: ``cost`` at seq_len 128 in float32 on CPU (no
+    FSDP), 2-sequence microbatches, backend "auto", chained as deep as one of 2 ranks."""
+    return CalibrationTarget(
+        shape=cost,
+        seq_len=128,
+        device="cpu",
+        dtype=torch.float32,
+        microbatch_size=2,
+        chained_blocks=rank_chain_length(cost.n_layers, 2),
+    )
 
 
 def write_calibration(

@@ -14,13 +14,7 @@ show that the comparison fails when Seq1F1B is broken.
 import pytest
 import torch
 
-from torchtitan_seq1f1b.planner import (
-    CACHE_ENV,
-    CalibrationTarget,
-    GIB,
-    NoPlanFitsError,
-    rank_chain_length,
-)
+from torchtitan_seq1f1b.planner import CACHE_ENV, GIB, NoPlanFitsError
 
 from tests.harness import (
     assert_same_training,
@@ -31,7 +25,11 @@ from tests.harness import (
     TORCHTITAN_RTOL as RTOL,
     torchrun,
 )
-from tests.integration.calibration_cache import expected_recommendation, write_calibration
+from tests.integration.calibration_cache import (
+    expected_recommendation,
+    planner_job_target,
+    write_calibration,
+)
 
 
 VALIDATION_ARGS = (
@@ -304,15 +302,7 @@ def planner_cache(tmp_path_factory):
     (float32 without FSDP, 2-sequence microbatches, backend "auto"), so the choice is known."""
     folder = tmp_path_factory.mktemp("calibration")
     cost = _test_job_cost()
-    target = CalibrationTarget(
-        shape=cost,
-        seq_len=128,
-        device="cpu",
-        dtype=torch.float32,
-        microbatch_size=2,
-        chained_blocks=rank_chain_length(cost.n_layers, 2),
-    )
-    return folder, write_calibration(folder, target), cost
+    return folder, write_calibration(folder, planner_job_target(cost)), cost
 
 
 def test_auto_plan_is_the_planners_choice_and_matches_unpipelined(run, unpipelined, planner_cache):

@@ -17,15 +17,8 @@ fails when Seq1F1B is broken.
 import math
 
 import pytest
-import torch
 
-from torchtitan_seq1f1b.planner import (
-    CACHE_ENV,
-    CalibrationTarget,
-    GIB,
-    NoPlanFitsError,
-    rank_chain_length,
-)
+from torchtitan_seq1f1b.planner import CACHE_ENV, GIB, NoPlanFitsError
 
 from tests.harness import (
     assert_same_training,
@@ -35,7 +28,11 @@ from tests.harness import (
     TORCHTITAN_RTOL as RTOL,
     torchrun,
 )
-from tests.integration.calibration_cache import expected_recommendation, write_calibration
+from tests.integration.calibration_cache import (
+    expected_recommendation,
+    planner_job_target,
+    write_calibration,
+)
 
 UNPIPELINED = ("--parallelism.pipeline_parallel_degree", "1")
 # Seq1F1B evaluates (forward only) with the training plan.
@@ -196,15 +193,7 @@ def planner_cache(tmp_path_factory):
     )
     cost = transformer_cost(config.model_spec.model)
     folder = tmp_path_factory.mktemp("calibration")
-    target = CalibrationTarget(
-        shape=cost,
-        seq_len=128,
-        device="cpu",
-        dtype=torch.float32,
-        microbatch_size=2,
-        chained_blocks=rank_chain_length(cost.n_layers, 2),
-    )
-    return folder, write_calibration(folder, target), cost
+    return folder, write_calibration(folder, planner_job_target(cost)), cost
 
 
 def _recommendation(cost, budget_bytes):

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import torch
 
 from torchtitan_seq1f1b.integration import install, titan_release
-from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.planner import (
     AutoPlan,
@@ -21,6 +20,7 @@ from torchtitan_seq1f1b.planner import (
     PARTITIONS,
     plan_automatically,
 )
+from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
 from torchtitan_seq1f1b.tools.simulate import (
     add_model_arguments,
     model_from_args,
@@ -40,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Time a pipeline rank's transformer blocks (at most 4, chained) and the LM head of "
             "a model shape on this device, segment by segment (cached per shape, device, dtype "
-            "and chain), then predict step time, bubble and per-rank memory of every k and partition under the schedule's real "
-            "order and recommend the fastest plan that fits the memory budget."
+            "and chain), then predict step time, bubble and per-rank memory of every k and "
+            "partition under the schedule's real order and recommend the fastest plan that "
+            "fits the memory budget."
         ),
     )
     job = parser.add_argument_group(

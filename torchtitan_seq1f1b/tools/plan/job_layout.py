@@ -9,7 +9,7 @@ import torch
 
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["JobLayout"]
+__all__ = ["JobLayout", "parallel_degrees"]
 
 
 @dataclass(frozen=True)
@@ -42,3 +42,16 @@ class JobLayout:
     attention_backend: str
     memory_budget_gib: float | None
     dtype: torch.dtype
+
+
+def parallel_degrees(parallelism) -> dict[str, int]:
+    """``ParallelDims``' degrees from a job's ``parallelism`` section (the same fields in 0.2.2
+    and 0.3). ``data_parallel_shard_degree = -1`` takes no ranks: no world size is known
+    before the job launches."""
+    return dict(
+        dp_replicate=parallelism.data_parallel_replicate_degree,
+        dp_shard=max(parallelism.data_parallel_shard_degree, 1),
+        cp=parallelism.context_parallel_degree,
+        tp=parallelism.tensor_parallel_degree,
+        pp=parallelism.pipeline_parallel_degree,
+    )

@@ -19,7 +19,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
-from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
+from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout, parallel_degrees
 from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (
@@ -63,13 +63,7 @@ def read_job_layout(
             f"flavor; choose one of {sorted(spec.model_args)}"
         ) from None
     model_args.update_from_config(job_config)
-    degrees = dict(
-        dp_replicate=parallelism.data_parallel_replicate_degree,
-        dp_shard=max(parallelism.data_parallel_shard_degree, 1),
-        cp=parallelism.context_parallel_degree,
-        tp=parallelism.tensor_parallel_degree,
-        pp=parallelism.pipeline_parallel_degree,
-    )
+    degrees = parallel_degrees(parallelism)
     parallel_dims = ParallelDims(**degrees, ep=1, etp=1, world_size=math.prod(degrees.values()))
     check_job(job_config, parallel_dims, model_args, device)
     stages = module_names_per_stage(job_config, parallel_dims, model_args, entry)

@@ -27,7 +27,7 @@ from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     runs_seq1f1b,
 )
 from torchtitan_seq1f1b.integration.titan_0_3.plan import attention_head_dim, transformer_cost
-from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
+from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout, parallel_degrees
 
 __all__ = ["read_job_layout"]
 
@@ -74,13 +74,7 @@ def read_job_layout(
     check_config(config)
     options, training = config.seq1f1b, config.training
     model_config = config.model_spec.model
-    degrees = dict(
-        dp_replicate=parallelism.data_parallel_replicate_degree,
-        dp_shard=max(parallelism.data_parallel_shard_degree, 1),
-        cp=parallelism.context_parallel_degree,
-        tp=parallelism.tensor_parallel_degree,
-        pp=parallelism.pipeline_parallel_degree,
-    )
+    degrees = parallel_degrees(parallelism)
     parallel_dims = ParallelDims(**degrees, ep=1, world_size=math.prod(degrees.values()))
     check_attention_backend(
         options, training, parallel_dims, attention_head_dim(model_config), device
