@@ -33,7 +33,7 @@ from torchtitan_seq1f1b.planner.calibrate import (
     rank_chain_length,
 )
 from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation
-from torchtitan_seq1f1b.planner.time_model import TimeModel, UnitTime
+from torchtitan_seq1f1b.planner.time_model import RuntimeOverhead, TimeModel, UnitTime
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
 __all__ = [
@@ -51,7 +51,8 @@ TORCHRUN_THREADS = 1  # tests.harness.torchrun sets OMP_NUM_THREADS=1
 
 # Made up, not measured: attention-heavy segments (per_pair) against a per-unit
 # overhead that makes very many short segments slow, so the fastest plan has a
-# few segments cut by the "time" partition, unlike "balanced" (FLOPs) cuts.
+# few segments cut by the "time" partition, unlike "balanced" (FLOPs) cuts; the runtime's
+# cost per action is charged as the job's planner charges it.
 _BLOCK_F = UnitTime(per_token=1e-6, per_pair=2e-7, per_unit=2e-5)
 TIME_MODEL = TimeModel(
     block={
@@ -70,6 +71,7 @@ TIME_MODEL = TimeModel(
     head_activation_bytes=65536.0,
     kv_bytes=2048.0,
     kv_grad_bytes=2048.0,
+    runtime=RuntimeOverhead(per_action=5e-5, per_token=1e-8, per_step=1e-3),
 )
 
 

@@ -30,6 +30,7 @@ from torchtitan_seq1f1b.planner import (
     prefix_rectangle,
     rank_chain_length,
     recommend,
+    RuntimeOverhead,
     segment_plan,
     TimeModel,
     UnitTime,
@@ -195,6 +196,18 @@ def test_pipeline_shape_refuses_more_stages_than_blocks():
         PipelineShape.even(2, 4, lambda k: {})
 
 
+@pytest.fixture(autouse=True)
+def _fixed_runtime_overhead(monkeypatch):
+    """Calibrations here check the units; the runtime probe has its own tests (test_runtime_overhead)."""
+    calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
+    monkeypatch.setattr(
+        calibrate_module, "measure_runtime_overhead", lambda *args: RUNTIME_OVERHEAD
+    )
+
+
+RUNTIME_OVERHEAD = RuntimeOverhead(per_action=4e-4, per_token=3e-7, per_step=2e-3)
+
+
 def _target(**changes) -> CalibrationTarget:
     fields = dict(shape=SHAPE, seq_len=64, attention_backend="sdpa", repeats=1)
     fields.update(changes)
@@ -209,7 +222,9 @@ def test_calibration_fits_positive_times_and_the_store_layout():
     assert model.kv_bytes == 2 * SHAPE.kv_dim * 4
     assert model.kv_grad_bytes == model.kv_bytes
     assert model.block_activation_bytes > 0 and model.head_activation_bytes > 0
+    assert model.runtime == RUNTIME_OVERHEAD
     assert model.calibrated_for == _target().key()
+    assert TimeModel.from_json(model.to_json()) == model
 
 
 def test_calibration_banks_bf16_gradients_in_fp32():

@@ -21,7 +21,7 @@ from torchtitan_seq1f1b import (
 )
 from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
 from torchtitan_seq1f1b.orders import gpipe_order, replay, v_stage_to_rank
-from torchtitan_seq1f1b.planner import estimate, PipelineShape, TimeModel, UnitTime
+from torchtitan_seq1f1b.planner import estimate, PipelineShape, RuntimeOverhead, TimeModel, UnitTime
 from torchtitan_seq1f1b.tools.model_shapes import get_preset, layer_params
 from torchtitan_seq1f1b.tools.simulate import (
     analytic_bubble,
@@ -468,7 +468,7 @@ def test_a_calibrated_simulation_is_the_planners_estimate():
     model = TimeModel(
         block=dict.fromkeys("FBIW", unit), head=dict.fromkeys("FBIW", UnitTime(1e-6, 0.0, 0.0)),
         block_activation_bytes=1.0, head_activation_bytes=1.0, kv_bytes=1.0, kv_grad_bytes=1.0,
-        contention=1.2,
+        contention=1.2, runtime=RuntimeOverhead(per_action=3e-4, per_token=1e-7, per_step=2e-3),
     )
     shape = TransformerCost(
         n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
@@ -481,6 +481,8 @@ def test_a_calibrated_simulation_is_the_planners_estimate():
     )
     expected = estimate(config.plan(), "time", pipeline, model)
     assert result.makespan == pytest.approx(expected.step_seconds)
+    assert result.bubble_fraction == pytest.approx(expected.bubble_fraction)
+    assert all(r.busy + r.idle == pytest.approx(result.makespan) for r in result.ranks)
     assert result.segment_lengths == expected.plan.lengths
     with pytest.raises(ValueError, match='partition="time" balances calibrated unit times'):
         SimConfig(model=shape, seq_len=256, pp=2, microbatches=2, partition="time")

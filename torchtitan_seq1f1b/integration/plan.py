@@ -272,7 +272,8 @@ def _choose(
         )
     best = chosen.recommendation.best
     report = (
-        f"Seq1F1B planner (time model {chosen.calibration_source}): k={best.num_segments} "
+        f"Seq1F1B planner (time model {chosen.calibration_source}; "
+        f"{chosen.time_model.describe()}): k={best.num_segments} "
         f"{best.partition}, lengths {list(best.plan.lengths)}, predicted step "
         f"{best.step_seconds:.4f} s, bubble {best.bubble_fraction:.3f}, peak activations + "
         f"K/V per rank {[round(b / GIB, 3) for b in best.peak_bytes]} GiB within "

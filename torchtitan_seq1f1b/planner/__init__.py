@@ -6,7 +6,9 @@
 - :mod:`.calibrate`: time a chain of blocks (as many as a rank holds) and the
   head of the job's shape, segment by segment, on its device and dtype; fit
   and cache a :class:`TimeModel`;
-- :mod:`.time_model`: the fitted unit times and per-token bytes;
+- :mod:`.runtime_overhead`: what the pipeline runtime costs per action
+  around the units, probed through it on two local ranks;
+- :mod:`.time_model`: the fitted unit times, per-token bytes and runtime cost;
 - :mod:`.estimate`: one plan's predicted step time, bubble and per-rank
   memory under a schedule's real order;
 - :mod:`.choose`: segment plans per partition ("time" equalises calibrated
@@ -48,10 +50,12 @@ from torchtitan_seq1f1b.planner.estimate import (
     PlanEstimate,
 )
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
+from torchtitan_seq1f1b.planner.runtime_overhead import measure_runtime_overhead
 from torchtitan_seq1f1b.planner.time_model import (
     causal_pairs,
     fit_unit_time,
     prefix_rectangle,
+    RuntimeOverhead,
     TimeModel,
     UnitTime,
 )
@@ -69,6 +73,7 @@ __all__ = [
     "PlanEstimate",
     "PredictedTime",
     "Recommendation",
+    "RuntimeOverhead",
     "CalibrationTarget",
     "TimeModel",
     "UnitTime",
@@ -79,6 +84,7 @@ __all__ = [
     "estimate",
     "even_stage_blocks",
     "fit_unit_time",
+    "measure_runtime_overhead",
     "plan_automatically",
     "prefix_rectangle",
     "rank_chain_length",

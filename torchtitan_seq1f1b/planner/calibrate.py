@@ -17,8 +17,9 @@ fast. Each unit keeps its fastest of several passes: a shared host's speed
 drifts by several percent over seconds, and a median of three passes let slow
 stretches move I against B (and so a zero-bubble prediction) by up to 11% from
 one calibration to the next.
-The fit is cached per (shape, seq_len, device, dtype, backend, chain, torch),
-so a job pays for it once.
+On the CPU, what the pipeline runtime adds around the units is measured too
+(:mod:`.runtime_overhead`). The fit is cached per (shape, seq_len, device,
+dtype, backend, chain, torch), so a job pays for it once.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
-from torchtitan_seq1f1b.planner.time_model import fit_unit_time, KINDS, TimeModel
+from torchtitan_seq1f1b.planner.runtime_overhead import measure_runtime_overhead
+from torchtitan_seq1f1b.planner.time_model import fit_unit_time, KINDS, RuntimeOverhead, TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
@@ -56,7 +58,7 @@ __all__ = [
 CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
 _SEGMENT_COUNTS = (1, 2, 4, 8, 16)
 # Bumped when what is measured changes, so older cached fits are measured again.
-_METHOD = 4
+_METHOD = 5
 MAX_CHAINED_BLOCKS = 4
 """The chain's time and memory come on top of the job's on its device and grow with its length.
 Past four, a block's F, B and I moved under 4% on the bench model's CPU, its W up to 9%
@@ -350,6 +352,21 @@ def _contention(target: CalibrationTarget) -> float:
     return max(statistics.median(ratios), 1.0)
 
 
+def _runtime_overhead(target: CalibrationTarget) -> RuntimeOverhead:
+    """The runtime's own cost per action where ranks compute on the host.
+
+    On a GPU the runtime's host work runs while the device works through the
+    kernels queued before it, so it is left out there: the device waits for
+    the host only on units shorter than their launches, which the units'
+    ``per_unit`` (timed with the device synchronised) already prices.
+    """
+    if torch.device(target.device).type != "cpu":
+        return RuntimeOverhead()
+    return measure_runtime_overhead(
+        target.seq_len, target.shape.dim, target.microbatch_size, target.dtype
+    )
+
+
 def calibrate(target: CalibrationTarget) -> TimeModel:
     """Time a chain of blocks and the head on ``target.device`` and fit a block's and the head's
     unit times."""
@@ -382,6 +399,7 @@ def calibrate(target: CalibrationTarget) -> TimeModel:
         # KVStore banks prefix gradients in fp32 (or wider) whatever the K/V dtype.
         kv_grad_bytes=kv_bytes * max(4, target.dtype.itemsize) / target.dtype.itemsize,
         contention=_contention(target) if target.contenders > 1 else 1.0,
+        runtime=_runtime_overhead(target),
         calibrated_for=target.key(),
     )
 

@@ -4,6 +4,7 @@
 """Predicted step time, bubble and per-rank memory of one segment plan under one schedule.
 
 The schedule's real per-rank order is replayed with the calibrated unit times
+plus the runtime's own cost per action
 (:func:`~torchtitan_seq1f1b.orders.replay`; units slow down while other ranks
 sharing the host compute, by the calibrated contention), and walked for the bytes each
 rank holds: every unit's saved activations until its backward (B, or W after
@@ -147,11 +148,10 @@ def estimate(
     order = shape.order(plan.num_segments)
 
     def seconds(action: SegmentAction) -> float:
-        segment = action.segment
-        return model.unit_seconds(
+        return model.action_seconds(
             action.kind,
-            plan.lengths[segment],
-            plan.ends[segment],
+            plan.lengths[action.segment],
+            plan.ends[action.segment],
             shape.stage_blocks[action.stage],
             action.stage == shape.last_stage,
             action.stage == 0,
@@ -161,7 +161,7 @@ def estimate(
     return PlanEstimate(
         plan=plan,
         partition=partition,
-        step_seconds=timeline.makespan,
+        step_seconds=timeline.makespan + model.runtime.per_step,
         bubble_fraction=timeline.bubble_fraction,
         peak_bytes=tuple(_peak_bytes(order[r], plan, shape, model) for r in sorted(order)),
     )

@@ -20,7 +20,8 @@ what a call costs whatever its size (launches, Python, GEMM inefficiency on
 short segments).
 The LM head with its loss is priced the same way without pairs. Bytes are per
 token: activations autograd saves in a block and in the head, and the K/V a
-block stores.
+block stores. Around the units, the pipeline runtime costs a rank
+:class:`RuntimeOverhead` per action and per step.
 """
 
 from __future__ import annotations
@@ -32,7 +33,16 @@ import torch
 
 from torchtitan_seq1f1b.segmenting.cost import check_span
 
-__all__ = ["KINDS", "UnitTime", "TimeModel", "causal_pairs", "fit_unit_time", "prefix_rectangle"]
+__all__ = [
+    "KINDS",
+    "RuntimeOverhead",
+    "TimeModel",
+    "UnitTime",
+    "causal_pairs",
+    "fit_nonnegative",
+    "fit_unit_time",
+    "prefix_rectangle",
+]
 
 KINDS = ("F", "B", "I", "W")
 
@@ -70,35 +80,59 @@ class UnitTime:
         return self.per_token * length + self.per_pair * causal_pairs(length, end)
 
 
-def fit_unit_time(
-    samples: list[tuple[int, int, float]], with_pairs: bool = True
-) -> UnitTime:
-    """Least-squares fit of :class:`UnitTime` to ``(length, end, seconds)`` samples.
+def fit_nonnegative(columns: dict[str, list[float]], seconds: list[float]) -> dict[str, float]:
+    """Least-squares coefficients of ``columns`` (one value per sample each) to ``seconds``.
 
-    Residuals are relative (rows divided by the measured time), so short units,
-    where the per-unit overhead shows, weigh as much as long ones. A term whose
-    coefficient comes out negative is dropped and the rest refitted: each
-    stands for a cost that cannot be negative.
+    Residuals are relative (rows divided by the measured time), so short
+    samples, where fixed costs show, weigh as much as long ones. A term whose
+    coefficient comes out negative is dropped (reported as 0) and the rest
+    refitted: each stands for a cost that cannot be negative.
     """
-    terms = ["per_token", "per_unit"]
-    if with_pairs:
-        terms += ["per_pair", "per_prefix_pair"]
-    columns = {
-        "per_token": [float(n) for n, _, _ in samples],
-        "per_pair": [float(causal_pairs(n, end)) for n, end, _ in samples],
-        "per_prefix_pair": [float(prefix_rectangle(n, end)) for n, end, _ in samples],
-        "per_unit": [1.0] * len(samples),
-    }
-    seconds = torch.tensor([t for _, _, t in samples], dtype=torch.float64)
+    terms = list(columns)
+    measured = torch.tensor(seconds, dtype=torch.float64)
     while True:
         design = torch.tensor([columns[t] for t in terms], dtype=torch.float64).T
-        solution = torch.linalg.lstsq(design / seconds[:, None], torch.ones_like(seconds)[:, None])
+        solution = torch.linalg.lstsq(design / measured[:, None], torch.ones_like(measured)[:, None])
         coefficients = dict(zip(terms, solution.solution[:, 0].tolist()))
         negative = [t for t in terms if coefficients[t] < 0]
         if not negative or len(terms) == 1:
             break
         terms.remove(min(negative, key=coefficients.__getitem__))
-    return UnitTime(**{t: max(coefficients.get(t, 0.0), 0.0) for t in columns})
+    return {t: max(coefficients.get(t, 0.0), 0.0) for t in columns}
+
+
+def fit_unit_time(
+    samples: list[tuple[int, int, float]], with_pairs: bool = True
+) -> UnitTime:
+    """:func:`fit_nonnegative` of :class:`UnitTime` to ``(length, end, seconds)`` samples."""
+    columns = {
+        "per_token": [float(n) for n, _, _ in samples],
+        "per_unit": [1.0] * len(samples),
+    }
+    if with_pairs:
+        columns["per_pair"] = [float(causal_pairs(n, end)) for n, end, _ in samples]
+        columns["per_prefix_pair"] = [float(prefix_rectangle(n, end)) for n, end, _ in samples]
+    return UnitTime(**{"per_pair": 0.0, **fit_nonnegative(columns, [t for _, _, t in samples])})
+
+
+@dataclass(frozen=True)
+class RuntimeOverhead:
+    """Seconds the pipeline runtime adds on a rank outside the compute calls.
+
+    Args:
+        per_action: every action (F, B, I or W), whatever its size.
+        per_token: every token of the action's segment (the bytes its messages
+            and inputs move).
+        per_step: once per step (splitting the batch, the loss normaliser).
+    """
+
+    per_action: float = 0.0
+    per_token: float = 0.0
+    per_step: float = 0.0
+
+    def action_seconds(self, length: int) -> float:
+        """Runtime seconds around one action over a segment of ``length`` tokens."""
+        return self.per_action + self.per_token * length
 
 
 @dataclass(frozen=True)
@@ -116,6 +150,8 @@ class TimeModel:
         contention: how much slower a unit runs while the other pipeline ranks
             compute too (ranks sharing one host's cores and memory bandwidth);
             1 where every rank owns its device.
+        runtime: what the pipeline runtime adds around the units (none where
+            it was not measured).
         calibrated_for: what was measured (shape, device, dtype, ...): the cache key.
     """
 
@@ -126,6 +162,7 @@ class TimeModel:
     kv_bytes: float
     kv_grad_bytes: float
     contention: float = 1.0
+    runtime: RuntimeOverhead = RuntimeOverhead()
     calibrated_for: dict = field(default_factory=dict)
 
     def unit_seconds(
@@ -145,12 +182,28 @@ class TimeModel:
             seconds += self.head[kind](length, end)
         return seconds
 
+    def action_seconds(
+        self, kind: str, length: int, end: int, blocks: int, has_head: bool, is_first: bool = False
+    ) -> float:
+        """:meth:`unit_seconds` plus what the runtime costs around the unit."""
+        compute = self.unit_seconds(kind, length, end, blocks, has_head, is_first)
+        return compute + self.runtime.action_seconds(length)
+
     def unit_activation_bytes(self, length: int, blocks: int, has_head: bool) -> float:
         """Bytes a unit of ``length`` tokens keeps until its backward on such a stage."""
         per_token = blocks * self.block_activation_bytes
         if has_head:
             per_token += self.head_activation_bytes
         return per_token * length
+
+    def describe(self) -> str:
+        """The measured figures besides unit times and bytes, for logs."""
+        runtime = self.runtime
+        return (
+            f"contention {self.contention:.3f}; runtime {runtime.per_action * 1e3:.2f} ms per "
+            f"action + {runtime.per_token * 1e6:.2f} us per token, "
+            f"{runtime.per_step * 1e3:.1f} ms per step"
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -160,4 +213,5 @@ class TimeModel:
         data = json.loads(text)
         for part in ("block", "head"):
             data[part] = {kind: UnitTime(**fit) for kind, fit in data[part].items()}
+        data["runtime"] = RuntimeOverhead(**data.get("runtime", {}))
         return cls(**data)

@@ -27,6 +27,7 @@ from tests.harness import (
 )
 from tests.integration.calibration_cache import (
     expected_recommendation,
+    TIME_MODEL,
     planner_job_target,
     write_calibration,
 )
@@ -319,7 +320,8 @@ def test_auto_plan_is_the_planners_choice_and_matches_unpipelined(run, unpipelin
     planned = run(2, *PLANNER_ARGS, name="auto", extra_env={CACHE_ENV: str(folder)})
     output = planned.output
     chosen = (
-        f"Seq1F1B planner (time model read from {cache_file}): k={expected.num_segments} "
+        f"Seq1F1B planner (time model read from {cache_file}; {TIME_MODEL.describe()}): "
+        f"k={expected.num_segments} "
         f"time, lengths {lengths}, predicted step {expected.step_seconds:.4f} s"
     )
     used = (

@@ -30,6 +30,7 @@ from tests.harness import (
 )
 from tests.integration.calibration_cache import (
     expected_recommendation,
+    TIME_MODEL,
     planner_job_target,
     write_calibration,
 )
@@ -221,7 +222,8 @@ def test_auto_plan_within_the_budget_matches_unpipelined(run, unpipelined, plann
     )
     output = planned.output
     chosen = (
-        f"Seq1F1B planner (time model read from {cache_file}): k={expected.num_segments} "
+        f"Seq1F1B planner (time model read from {cache_file}; {TIME_MODEL.describe()}): "
+        f"k={expected.num_segments} "
         f"{expected.partition}, lengths {lengths}, predicted step {expected.step_seconds:.4f} s"
     )
     used = (

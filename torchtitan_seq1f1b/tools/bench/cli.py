@@ -162,7 +162,7 @@ def _config_from_args(
 def _add_planner(args: argparse.Namespace, config: BenchConfig, rows: list[BenchRow]):
     """Calibrate (or read the cache), then append the planner's pick per schedule and m."""
     time_model, source = calibrate_bench_model(config, refresh=args.recalibrate)
-    print(f"time model: {source}; contention {time_model.contention:.3f}", flush=True)
+    print(f"time model: {source}; {time_model.describe()}", flush=True)
     config = dataclasses.replace(config, time_model=time_model)
     if not args.auto:
         return config, rows

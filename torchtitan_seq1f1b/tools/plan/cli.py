@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoPlanFitsError as error:
         parser.exit(2, f"{parser.prog}: --memory-budget-gib {args.memory_budget_gib}: {error}\n")
     best = plan.recommendation.best
-    print(f"time model: {plan.calibration_source}")
+    print(f"time model: {plan.calibration_source}; {plan.time_model.describe()}")
     calibrated = plan.time_model.calibrated_for
     print(f"measured on {calibrated['device']} in {calibrated['dtype']}\n")
     print(plan.recommendation.table(args.rows))

@@ -115,22 +115,24 @@ def simulate(config: SimConfig) -> SimResult:
     k, v = plan.num_segments, config.v
     order = schedule_order(config)
     duration = action_duration(config, plan)
+    per_step = 0.0
     if config.time_model is None:
         timeline = replay(order, duration, config.p2p_latency)
     else:
         timeline = contended_replay(
             order, duration, config.time_model.contention, config.p2p_latency
         )
+        per_step = config.time_model.runtime.per_step
     ranks = []
     for rank, actions in order.items():
         memory = rank_memory(config, plan, actions)
-        busy = timeline.busy[rank]
+        busy = timeline.busy[rank] + per_step
         ranks.append(
             RankReport(
                 rank=rank,
                 stages=tuple(sorted({a.stage for a in actions})),
                 busy=busy,
-                idle=timeline.makespan - busy,
+                idle=timeline.makespan + per_step - busy,
                 model_state_bytes=int(memory.model_state_bytes),
                 peak_activation_bytes=int(memory.peak_activation_bytes),
                 peak_kv_bytes=int(memory.peak_kv_bytes),
@@ -141,7 +143,7 @@ def simulate(config: SimConfig) -> SimResult:
     return SimResult(
         config=config,
         segment_lengths=plan.lengths,
-        makespan=timeline.makespan,
+        makespan=timeline.makespan + per_step,
         bubble_fraction=timeline.bubble_fraction,
         equal_cost_bubble_fraction=equal_cost_bubble(order, k, v),
         analytic_bubble_fraction=config.spec.analytic(config.pp, v, config.microbatches, k),

@@ -1,0 +1,139 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""What the pipeline runtime itself costs per action, measured through it on two local ranks.
+
+Between two compute calls a rank's runtime walks its schedule, posts and
+waits on the unit's messages, cuts inputs and targets, enters the K/V scope
+and, on the last stage, computes the loss. The unit calibration times compute
+calls alone, so this part is measured apart: two gloo ranks run
+:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1B` and
+:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1BZBV` over stages whose
+compute is one elementwise product, with the job's hidden-state shape and
+dtype, at k = 1, 2, 4, 8 and 16. A probe's step is then almost all runtime,
+and replaying its order with a constant cost per action (and per token of the
+action's segment, for the messages' bytes) says what the step should take.
+The fit of :class:`RuntimeOverhead` makes the two agree.
+
+Each probe keeps the median of its steps (and each step the slower rank's
+time); probes run round-robin so a slow stretch of the host spreads over all
+of them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage
+
+from torchtitan_seq1f1b.check.launch import run_ranks
+from torchtitan_seq1f1b.orders import replay
+from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, RuntimeOverhead
+from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+__all__ = ["measure_runtime_overhead"]
+
+_PROBE_SCHEDULES = (ScheduleSeq1F1B, ScheduleSeq1F1BZBV)
+_PROBE_RANKS = 2
+_PROBE_MICROBATCHES = 2
+_PROBE_SEGMENTS = (1, 2, 4, 8, 16)
+_WARMUP_STEPS = 2
+_STEPS = 15
+
+
+class _ElementwiseStage(nn.Module):
+    """A stage that costs next to nothing: (batch, len, dim) -> (batch, len, dim)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        return h * self.scale
+
+
+def _output_sum(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return output.float().sum()
+
+
+def _probe_rank(
+    rank: int,
+    world_size: int,
+    hidden: tuple[int, int, int],
+    dtype: torch.dtype,
+    probes: list[tuple[int, int]],
+) -> list[list[float]]:
+    """Step every probe (schedule index, k) on this rank; each probe's step seconds."""
+    batch, seq_len, dim = hidden
+    runs = []
+    for schedule_index, k in probes:
+        schedule_cls = _PROBE_SCHEDULES[schedule_index]
+        v = 2 if schedule_cls is ScheduleSeq1F1BZBV else 1
+        num_stages = world_size * v
+        indices = [rank] if v == 1 else [rank, num_stages - 1 - rank]
+        stages = [
+            PipelineStage(_ElementwiseStage().to(dtype), i, num_stages, torch.device("cpu"))
+            for i in indices
+        ]
+        schedule = schedule_cls(
+            stages,
+            _PROBE_MICROBATCHES,
+            SegmentPlan.uniform(seq_len, k),
+            loss_fn=_output_sum,
+            positions_kwarg="positions",
+        )
+        microbatches = _PROBE_MICROBATCHES * batch
+        inputs = (torch.randn(microbatches, seq_len, dim, dtype=dtype),) if 0 in indices else ()
+        target = (
+            torch.zeros(microbatches, seq_len, dtype=torch.long)
+            if num_stages - 1 in indices
+            else None
+        )
+        runs.append((schedule, inputs, target))
+    seconds: list[list[float]] = [[] for _ in probes]
+    for step in range(_WARMUP_STEPS + _STEPS):
+        for (schedule, inputs, target), found in zip(runs, seconds):
+            dist.barrier()
+            start = time.perf_counter()
+            schedule.step(*inputs, target=target, return_outputs=False)
+            if step >= _WARMUP_STEPS:
+                found.append(time.perf_counter() - start)
+    return seconds
+
+
+def _critical_path(schedule_cls: type, seq_len: int, k: int) -> dict[str, float]:
+    """A probe's step as multiples of the overhead's terms: the actions and tokens on its
+    replayed critical path, and one step."""
+    v = 2 if schedule_cls is ScheduleSeq1F1BZBV else 1
+    order = schedule_cls.order_for(_PROBE_RANKS, v, _PROBE_MICROBATCHES, k)
+    actions = replay(order, lambda action: 1.0).makespan
+    return {"per_action": actions, "per_token": actions * seq_len / k, "per_step": 1.0}
+
+
+def measure_runtime_overhead(
+    seq_len: int, dim: int, microbatch_size: int = 1, dtype: torch.dtype = torch.float32
+) -> RuntimeOverhead:
+    """Fit :class:`RuntimeOverhead` to probes of the runtime on two local gloo ranks.
+
+    The probes carry hidden states (``microbatch_size``, segment, ``dim``) in
+    ``dtype`` on the CPU: the overhead of ranks that compute on the host.
+    """
+    probes = [
+        (s, k) for s in range(len(_PROBE_SCHEDULES)) for k in _PROBE_SEGMENTS if k <= seq_len
+    ]
+    per_rank = run_ranks(
+        _probe_rank, _PROBE_RANKS, (microbatch_size, seq_len, dim), dtype, probes, timeout=600
+    )
+    columns: dict[str, list[float]] = {"per_action": [], "per_token": [], "per_step": []}
+    seconds = []
+    for i, (schedule_index, k) in enumerate(probes):
+        steps = zip(*(rank_runs[i] for rank_runs in per_rank))
+        seconds.append(statistics.median(max(step) for step in steps))
+        for term, value in _critical_path(_PROBE_SCHEDULES[schedule_index], seq_len, k).items():
+            columns[term].append(value)
+    return RuntimeOverhead(**fit_nonnegative(columns, seconds))
