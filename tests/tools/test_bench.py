@@ -10,6 +10,8 @@ Seq1F1B must hold what torch's schedule with the same order holds.
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -152,3 +154,33 @@ def test_auto_rows_run_the_planners_pick(tmp_path):
     assert timed["segment_lengths"] == list(
         segment_plan("time", 512, 2, config.model.cost(), time_model, 4).lengths
     )
+
+
+_FREED_RSS_SCRIPT = """
+import sys, torch
+from torchtitan_seq1f1b.tools.bench import runner
+if sys.argv[1] == "keep":
+    runner._keep_freed_memory_mapped()
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+before = rss()
+block = torch.ones(4 * 2**20)  # 16 MiB, touched
+del block
+print(rss() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_bench_ranks_keep_freed_pages_for_the_next_row():
+    """A row after one that freed memory finds the pages still mapped, as a job's next step does."""
+
+    def freed_rss(mode: str) -> int:
+        done = subprocess.run(
+            [sys.executable, "-c", _FREED_RSS_SCRIPT, mode], capture_output=True, text=True,
+            timeout=120, check=True,
+        )
+        return int(done.stdout.split()[-1])
+
+    assert freed_rss("default") < 2**20  # glibc unmapped the freed block
+    assert freed_rss("keep") > 15 * 2**20
