@@ -71,7 +71,7 @@ TIME_MODEL = TimeModel(
     head_activation_bytes=65536.0,
     kv_bytes=2048.0,
     kv_grad_bytes=2048.0,
-    runtime=RuntimeOverhead(per_action=5e-5, per_token=1e-8, per_step=1e-3),
+    runtime=RuntimeOverhead(per_action=2e-5, per_token=1e-8, per_step=1e-3),
 )
 
 

@@ -196,16 +196,16 @@ def test_pipeline_shape_refuses_more_stages_than_blocks():
         PipelineShape.even(2, 4, lambda k: {})
 
 
+RUNTIME_OVERHEAD = RuntimeOverhead(per_action=4e-4, per_token=3e-7, per_step=2e-3)
+
+
 @pytest.fixture(autouse=True)
 def _fixed_runtime_overhead(monkeypatch):
     """Calibrations here check the units; the runtime probe has its own tests (test_runtime_overhead)."""
     calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
     monkeypatch.setattr(
-        calibrate_module, "measure_runtime_overhead", lambda *args: RUNTIME_OVERHEAD
+        calibrate_module, "measure_runtime_overhead", lambda *args, **kwargs: RUNTIME_OVERHEAD
     )
-
-
-RUNTIME_OVERHEAD = RuntimeOverhead(per_action=4e-4, per_token=3e-7, per_step=2e-3)
 
 
 def _target(**changes) -> CalibrationTarget:

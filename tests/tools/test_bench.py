@@ -10,6 +10,8 @@ Seq1F1B must hold what torch's schedule with the same order holds.
 
 import dataclasses
 import json
+import os
+import platform
 import subprocess
 import sys
 
@@ -157,13 +159,13 @@ def test_auto_rows_run_the_planners_pick(tmp_path):
 
 
 _FREED_RSS_SCRIPT = """
-import sys, torch
+import os, sys, torch
 from torchtitan_seq1f1b.tools.bench import runner
 if sys.argv[1] == "keep":
     runner._keep_freed_memory_mapped()
 def rss():
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 before = rss()
 block = torch.ones(4 * 2**20)  # 16 MiB, touched
 del block
@@ -171,14 +173,16 @@ print(rss() - before)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
 def test_bench_ranks_keep_freed_pages_for_the_next_row():
     """A row after one that freed memory finds the pages still mapped, as a job's next step does."""
 
     def freed_rss(mode: str) -> int:
+        # glibc's defaults, whatever the environment tunes.
+        env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
         done = subprocess.run(
             [sys.executable, "-c", _FREED_RSS_SCRIPT, mode], capture_output=True, text=True,
-            timeout=120, check=True,
+            timeout=120, check=True, env=env,
         )
         return int(done.stdout.split()[-1])
 

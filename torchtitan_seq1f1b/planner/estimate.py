@@ -6,7 +6,8 @@
 The schedule's real per-rank order is replayed with the calibrated unit times
 plus the runtime's own cost per action
 (:func:`~torchtitan_seq1f1b.orders.replay`; units slow down while other ranks
-sharing the host compute, by the calibrated contention), and walked for the bytes each
+sharing the host compute, by the calibrated contention), plus the runtime's cost
+once per step, and walked for the bytes each
 rank holds: every unit's saved activations until its backward (B, or W after
 I), and every microbatch's K/V store from its first forward to its last
 backward, with the fp32 gradient bank from its first backward on.
@@ -61,7 +62,11 @@ class PipelineShape:
 
 @dataclass(frozen=True)
 class PlanEstimate:
-    """What one plan is predicted to cost; bytes are activations plus K/V store, per rank."""
+    """What one plan is predicted to cost; bytes are activations plus K/V store, per rank.
+
+    ``bubble_fraction`` is the idle share of the replayed actions; the runtime's
+    once-per-step cost, in ``step_seconds``, is not in it.
+    """
 
     plan: SegmentPlan
     partition: str
@@ -123,20 +128,24 @@ def contended_replay(
     duration: Callable[[SegmentAction], float],
     contention: float,
     p2p_latency: float = 0.0,
+    overhead: Callable[[SegmentAction], float] | None = None,
 ) -> Timeline:
     """:func:`replay` where a unit runs ``contention`` times slower while other ranks compute.
 
-    A first replay says when each rank computes; every action is then
-    stretched by ``1 + (contention - 1) * share``, ``share`` being the part of
-    its first-replay span another rank spent computing, and replayed again.
+    A first replay says when each rank computes; every action's ``duration``
+    is then stretched by ``1 + (contention - 1) * share``, ``share`` being the
+    part of its first-replay span another rank spent computing, and replayed
+    again. ``overhead`` (the runtime's own seconds around an action) is added
+    unstretched: it was measured with the ranks running at once.
     """
-    first = replay(order, duration, p2p_latency)
+    around = overhead or (lambda action: 0.0)
+    first = replay(order, lambda action: duration(action) + around(action), p2p_latency)
     if contention == 1.0:
         return first
     shares = _overlap_with_others(first, order)
 
     def stretched(action: SegmentAction) -> float:
-        return duration(action) * (1 + (contention - 1) * shares[action])
+        return duration(action) * (1 + (contention - 1) * shares[action]) + around(action)
 
     return replay(order, stretched, p2p_latency)
 
@@ -148,7 +157,7 @@ def estimate(
     order = shape.order(plan.num_segments)
 
     def seconds(action: SegmentAction) -> float:
-        return model.action_seconds(
+        return model.unit_seconds(
             action.kind,
             plan.lengths[action.segment],
             plan.ends[action.segment],
@@ -157,7 +166,12 @@ def estimate(
             action.stage == 0,
         )
 
-    timeline = contended_replay(order, seconds, model.contention)
+    timeline = contended_replay(
+        order,
+        seconds,
+        model.contention,
+        overhead=lambda action: model.runtime.action_seconds(plan.lengths[action.segment]),
+    )
     return PlanEstimate(
         plan=plan,
         partition=partition,

@@ -73,9 +73,8 @@ def _probe_rank(
     runs = []
     for schedule_index, k in probes:
         schedule_cls = _PROBE_SCHEDULES[schedule_index]
-        v = 2 if schedule_cls is ScheduleSeq1F1BZBV else 1
-        num_stages = world_size * v
-        indices = [rank] if v == 1 else [rank, num_stages - 1 - rank]
+        num_stages = world_size * _stages_per_rank(schedule_cls)
+        indices = [rank] if num_stages == world_size else [rank, num_stages - 1 - rank]
         stages = [
             PipelineStage(_ElementwiseStage().to(dtype), i, num_stages, torch.device("cpu"))
             for i in indices
@@ -106,13 +105,22 @@ def _probe_rank(
     return seconds
 
 
+def _stages_per_rank(schedule_cls: type) -> int:
+    return 2 if schedule_cls is ScheduleSeq1F1BZBV else 1
+
+
 def _critical_path(schedule_cls: type, seq_len: int, k: int) -> dict[str, float]:
     """A probe's step as multiples of the overhead's terms: the actions and tokens on its
     replayed critical path, and one step."""
-    v = 2 if schedule_cls is ScheduleSeq1F1BZBV else 1
-    order = schedule_cls.order_for(_PROBE_RANKS, v, _PROBE_MICROBATCHES, k)
-    actions = replay(order, lambda action: 1.0).makespan
-    return {"per_action": actions, "per_token": actions * seq_len / k, "per_step": 1.0}
+    order = schedule_cls.order_for(
+        _PROBE_RANKS, _stages_per_rank(schedule_cls), _PROBE_MICROBATCHES, k
+    )
+    lengths = SegmentPlan.uniform(seq_len, k).lengths
+    return {
+        "per_action": replay(order, lambda action: 1.0).makespan,
+        "per_token": replay(order, lambda action: float(lengths[action.segment])).makespan,
+        "per_step": 1.0,
+    }
 
 
 def measure_runtime_overhead(

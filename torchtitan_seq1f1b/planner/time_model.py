@@ -182,13 +182,6 @@ class TimeModel:
             seconds += self.head[kind](length, end)
         return seconds
 
-    def action_seconds(
-        self, kind: str, length: int, end: int, blocks: int, has_head: bool, is_first: bool = False
-    ) -> float:
-        """:meth:`unit_seconds` plus what the runtime costs around the unit."""
-        compute = self.unit_seconds(kind, length, end, blocks, has_head, is_first)
-        return compute + self.runtime.action_seconds(length)
-
     def unit_activation_bytes(self, length: int, blocks: int, has_head: bool) -> float:
         """Bytes a unit of ``length`` tokens keeps until its backward on such a stage."""
         per_token = blocks * self.block_activation_bytes
@@ -199,6 +192,8 @@ class TimeModel:
     def describe(self) -> str:
         """The measured figures besides unit times and bytes, for logs."""
         runtime = self.runtime
+        if runtime == RuntimeOverhead():
+            return f"contention {self.contention:.3f}; runtime cost not charged"
         return (
             f"contention {self.contention:.3f}; runtime {runtime.per_action * 1e3:.2f} ms per "
             f"action + {runtime.per_token * 1e6:.2f} us per token, "

@@ -119,10 +119,15 @@ def simulate(config: SimConfig) -> SimResult:
     if config.time_model is None:
         timeline = replay(order, duration, config.p2p_latency)
     else:
+        runtime = config.time_model.runtime
         timeline = contended_replay(
-            order, duration, config.time_model.contention, config.p2p_latency
+            order,
+            duration,
+            config.time_model.contention,
+            config.p2p_latency,
+            overhead=lambda action: runtime.action_seconds(plan.lengths[action.segment]),
         )
-        per_step = config.time_model.runtime.per_step
+        per_step = runtime.per_step
     ranks = []
     for rank, actions in order.items():
         memory = rank_memory(config, plan, actions)

@@ -54,8 +54,7 @@ def unit_times(config: SimConfig, plan: SegmentPlan) -> dict[str, list[float]]:
 
 def action_duration(config: SimConfig, plan: SegmentPlan) -> Callable[[SegmentAction], float]:
     """Time of one action: its kind's :func:`unit_times` scaled by its stage's share of blocks,
-    or, with a calibrated ``config.time_model``, its measured seconds on its stage (with the
-    runtime's own cost around it)."""
+    or, with a calibrated ``config.time_model``, its measured seconds on its stage."""
     if config.time_model is not None:
         return _calibrated_duration(config, plan)
     times = unit_times(config, plan)
@@ -65,7 +64,7 @@ def action_duration(config: SimConfig, plan: SegmentPlan) -> Callable[[SegmentAc
 
 def _calibrated_duration(config: SimConfig, plan: SegmentPlan) -> Callable[[SegmentAction], float]:
     blocks, last = config.layers_per_stage(), config.num_stages - 1
-    return lambda action: config.time_model.action_seconds(
+    return lambda action: config.time_model.unit_seconds(
         action.kind,
         plan.lengths[action.segment],
         plan.ends[action.segment],
