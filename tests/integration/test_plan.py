@@ -10,7 +10,7 @@ calibration must reach the other ranks as an error, not leave them waiting.
 import pytest
 import torch
 
-from torchtitan_seq1f1b.check.launch import run_ranks
+from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.integration import plan as integration_plan
 from torchtitan_seq1f1b.integration.options import Seq1F1B
 from torchtitan_seq1f1b.integration.plan import PlannerJob, plan_segments, Seq1F1BConfigError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from torchtitan_seq1f1b.check.launch import run_ranks
+from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.check import relative_error, Result, worst
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
 from torchtitan_seq1f1b.check.exactness import Case, pipelined_cases, reference

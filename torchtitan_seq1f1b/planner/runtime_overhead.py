@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 
-from torchtitan_seq1f1b.check.launch import run_ranks
+from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.orders import replay
 from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, RuntimeOverhead
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV

@@ -1,8 +1,8 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Run a function on several local ranks: gloo on CPU (tests, benchmark), or
-NCCL with one GPU per rank (``python -m torchtitan_seq1f1b.check``)."""
+"""Run a function on several local ranks: gloo on CPU (the planner's runtime probe, tests,
+benchmark), or NCCL with one GPU per rank (``python -m torchtitan_seq1f1b.check``)."""
 
 import multiprocessing
 import os
