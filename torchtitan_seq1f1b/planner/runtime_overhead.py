@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 
+from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.orders import replay
 from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, RuntimeOverhead
@@ -74,7 +75,7 @@ def _probe_rank(
     for schedule_index, k in probes:
         schedule_cls = _PROBE_SCHEDULES[schedule_index]
         num_stages = world_size * _stages_per_rank(schedule_cls)
-        indices = [rank] if num_stages == world_size else [rank, num_stages - 1 - rank]
+        indices = sorted({action.stage for action in _probe_order(schedule_cls, k)[rank]})
         stages = [
             PipelineStage(_ElementwiseStage().to(dtype), i, num_stages, torch.device("cpu"))
             for i in indices
@@ -109,12 +110,17 @@ def _stages_per_rank(schedule_cls: type) -> int:
     return 2 if schedule_cls is ScheduleSeq1F1BZBV else 1
 
 
+def _probe_order(schedule_cls: type, k: int) -> Order:
+    """The probe's per-rank order; which stages a rank holds is read from it."""
+    return schedule_cls.order_for(
+        _PROBE_RANKS, _stages_per_rank(schedule_cls), _PROBE_MICROBATCHES, k
+    )
+
+
 def _critical_path(schedule_cls: type, seq_len: int, k: int) -> dict[str, float]:
     """A probe's step as multiples of the overhead's terms: the actions and tokens on its
     replayed critical path, and one step."""
-    order = schedule_cls.order_for(
-        _PROBE_RANKS, _stages_per_rank(schedule_cls), _PROBE_MICROBATCHES, k
-    )
+    order = _probe_order(schedule_cls, k)
     lengths = SegmentPlan.uniform(seq_len, k).lengths
     return {
         "per_action": replay(order, lambda action: 1.0).makespan,
