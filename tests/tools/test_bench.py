@@ -21,6 +21,8 @@ from torchtitan_seq1f1b.planner import segment_plan
 from torchtitan_seq1f1b.tools import bench
 from torchtitan_seq1f1b.tools.bench import cli as bench_cli, runner
 from torchtitan_seq1f1b.tools.bench.auto import auto_row, calibrate_bench_model
+from torchtitan_seq1f1b.tools.bench.predict import ratio_spread
+from torchtitan_seq1f1b.tools.bench.table import noise_summary
 
 REQUIRED_KEYS = {
     "schedule", "pp", "microbatches", "segments", "partition", "step_time_s",
@@ -50,6 +52,32 @@ def test_quick_records_are_complete_and_sane(quick_records):
         kinds = {a["kind"] for a in record["actions"]}
         assert {"F"} < kinds, record["label"]
         assert all(a["end"] >= a["start"] >= 0 for a in record["actions"])
+
+
+def test_every_row_reports_how_far_its_step_ratios_stray(quick_records):
+    for record in quick_records:
+        assert len(record["step_time_ratios"]) == record["steps"] == 2, record["label"]
+        assert record["step_time_ratio_spread"] >= 0, record["label"]
+    assert _row(quick_records, "1F1B")["step_time_ratio_spread"] == 0
+
+
+def test_ratio_spread_is_half_the_interquartile_range():
+    assert ratio_spread([1.0, 1.1, 0.9, 1.0, 1.05]) == pytest.approx(0.025)
+    assert ratio_spread([0.8, 1.0]) == pytest.approx(0.05)
+    assert ratio_spread([0.9]) is None
+
+
+def test_noise_summary_leaves_out_the_baseline_and_untimed_rows():
+    records = [
+        {"schedule": "1F1B", "step_time_ratio_spread": 0.0},
+        {"schedule": "Seq1F1B", "step_time_ratio_spread": 0.02},
+        {"schedule": "Seq1F1B", "step_time_ratio_spread": 0.06},
+        {"schedule": "Seq1F1B", "step_time_ratio_spread": 0.04},
+        {"schedule": "GPipe", "step_time_ratio_spread": None},
+    ]
+    summary = noise_summary(records)
+    assert "+-4.0% around its median" in summary and "widest +-6.0%" in summary
+    assert noise_summary(records[:1] + records[-1:]) is None
 
 
 def test_quick_seq1f1b_holds_less_on_rank_0_than_1f1b(quick_records):

@@ -17,7 +17,7 @@ from torchtitan_seq1f1b.tools.simulate import (
 from torchtitan_seq1f1b.tools.bench.auto import calibrated_estimate
 from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
 
-__all__ = ["activation_peaks", "add_comparisons", "memory_model", "predict"]
+__all__ = ["activation_peaks", "add_comparisons", "memory_model", "predict", "ratio_spread"]
 
 BASELINE = "1F1B"
 
@@ -91,6 +91,18 @@ def _add_calibrated(config: BenchConfig, rows: list[BenchRow], records: list[dic
             record["calibrated"]["peak_ratio"] = found.peak_bytes[0] / base.peak_bytes[0]
 
 
+def ratio_spread(ratios: list[float]) -> float | None:
+    """Half the interquartile range of a row's per-step ratios to 1F1B (None under two steps).
+
+    How far one step's ratio strays from the row's median on this machine:
+    rows whose ratios differ by less may swap on a rerun.
+    """
+    if len(ratios) < 2:
+        return None
+    first, _, third = statistics.quantiles(ratios, n=4, method="inclusive")
+    return (third - first) / 2
+
+
 def add_comparisons(config: BenchConfig, rows: list[BenchRow], records: list[dict]) -> None:
     """Ratios against 1F1B (same m), measured and simulated, added to each record."""
     if config.time_model is not None:
@@ -115,6 +127,7 @@ def add_comparisons(config: BenchConfig, rows: list[BenchRow], records: list[dic
             mine / base for mine, base in zip(record["step_times_s"], base_record["step_times_s"])
         ]
         record["step_time_ratio"] = statistics.median(record["step_time_ratios"])
+        record["step_time_ratio_spread"] = ratio_spread(record["step_time_ratios"])
         record["peak_activation_ratio"] = (
             record["peak_activation_bytes"][0] / base_record["peak_activation_bytes"][0]
         )

@@ -5,15 +5,34 @@
 
 from __future__ import annotations
 
-from torchtitan_seq1f1b.tools.bench.config import BenchConfig
+import statistics
 
-__all__ = ["print_table"]
+from torchtitan_seq1f1b.tools.bench.config import BenchConfig
+from torchtitan_seq1f1b.tools.bench.predict import BASELINE
+
+__all__ = ["noise_summary", "print_table"]
 
 MIB = 2**20
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def noise_summary(records: list[dict]) -> str | None:
+    """One line on how far step ratios stray within this run (None without two timed steps)."""
+    spreads = [
+        r["step_time_ratio_spread"]
+        for r in records
+        if r["schedule"] != BASELINE and r.get("step_time_ratio_spread") is not None
+    ]
+    if not spreads:
+        return None
+    return (
+        f"noise: a row's per-step ratios to 1F1B spread +-{statistics.median(spreads):.1%} "
+        f"around its median (half the interquartile range; median over rows, widest "
+        f"+-{max(spreads):.1%}); rows whose ratios differ by less may swap on a rerun"
+    )
 
 
 def print_table(config: BenchConfig, records: list[dict]) -> None:
@@ -49,3 +68,6 @@ def print_table(config: BenchConfig, records: list[dict]) -> None:
             f"{_fmt(rec.get('peak_activation_ratio'), '6.3f'):>6} "
             f"{_fmt(predicted.get('peak_activation_ratio'), '6.3f'):>6}  {peaks}"
         )
+    summary = noise_summary(records)
+    if summary:
+        print(summary)
