@@ -8,19 +8,17 @@ models whose right answer is known; calibration itself is checked for what
 it must produce (positive fits, bytes that match the store's layout, the cache).
 """
 
-import dataclasses
 import importlib
 
 import pytest
 import torch
 
-from torchtitan_seq1f1b.orders import seq1f1b_order
+from torchtitan_seq1f1b.orders import replay, seq1f1b_order
 from torchtitan_seq1f1b.planner import (
     cached_calibration,
     calibrate,
     CalibrationTarget,
     causal_pairs,
-    contended_replay,
     estimate,
     fit_unit_time,
     MAX_CHAINED_BLOCKS,
@@ -35,6 +33,7 @@ from torchtitan_seq1f1b.planner import (
     TimeModel,
     UnitTime,
 )
+from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
@@ -281,7 +280,7 @@ def test_each_unit_keeps_its_fastest_pass_when_most_passes_ran_slow(monkeypatch)
     """A slow stretch of the host covering two of three passes must not reach the fit."""
     calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
     monkeypatch.setattr(calibrate_module, "_Clock", _ScriptedClock)
-    block = calibrate_module.LlamaBlock(SHAPE, attention_backend="sdpa")
+    block = LlamaBlock(SHAPE, attention_backend="sdpa")
     positions = torch.arange(64)[None]
 
     def regions(repeats: int) -> int:
@@ -311,17 +310,6 @@ def test_cache_is_read_back_for_the_same_target_only(tmp_path, monkeypatch):
     assert not cached
 
 
-def test_contention_stretches_only_what_overlaps_another_ranks_compute():
-    shape = _shape()
-    plan = SegmentPlan.uniform(64, 1)
-    order = shape.order(1)
-    alone = estimate(plan, "uniform", shape, _model(per_pair=0.0))
-    contended = estimate(plan, "uniform", shape, dataclasses.replace(_model(per_pair=0.0), contention=1.5))
-    # 1F1B at p = 2, m = 2: the ranks overlap on part of the step, never all of it.
-    assert alone.step_seconds < contended.step_seconds < 1.5 * alone.step_seconds
-    assert len(order) == 2
-
-
 def test_the_first_stage_runs_its_whole_backward_in_w():
     """Token ids take no gradient: torch's I is empty on the first stage, its W is B."""
     model = _model(per_unit=1e-4)
@@ -338,12 +326,6 @@ def test_the_first_stage_runs_its_whole_backward_in_w():
         def seconds(a):
             n, end = plan.lengths[a.segment], plan.ends[a.segment]
             return model.unit_seconds(a.kind, n, end, 1, a.stage == 3, first_stage_rule and a.stage == 0)
-        return contended_replay(order, seconds, model.contention).makespan
+        return replay(order, seconds).makespan
 
     assert estimate(plan, "uniform", shape, model).step_seconds == replayed(True) != replayed(False)
-
-
-def test_contention_is_measured_with_processes_computing_at_once():
-    model = calibrate(_target(contenders=2))
-    assert model.contention >= 1.0
-    assert model.calibrated_for["contenders"] == 2

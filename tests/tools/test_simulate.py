@@ -468,7 +468,7 @@ def test_a_calibrated_simulation_is_the_planners_estimate():
     model = TimeModel(
         block=dict.fromkeys("FBIW", unit), head=dict.fromkeys("FBIW", UnitTime(1e-6, 0.0, 0.0)),
         block_activation_bytes=1.0, head_activation_bytes=1.0, kv_bytes=1.0, kv_grad_bytes=1.0,
-        contention=1.2, runtime=RuntimeOverhead(per_action=3e-4, per_token=1e-7, per_step=2e-3),
+        runtime=RuntimeOverhead(per_action=3e-4, per_token=1e-7, per_step=2e-3),
     )
     shape = TransformerCost(
         n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64

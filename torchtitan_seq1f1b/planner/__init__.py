@@ -6,8 +6,12 @@
 - :mod:`.calibrate`: time a chain of blocks (as many as a rank holds) and the
   head of the job's shape, segment by segment, on its device and dtype; fit
   and cache a :class:`TimeModel`;
+- :mod:`.pipeline_units`: the same units timed inside short pipeline steps
+  on local ranks, where ranks share a host's CPU cores (with the compute-call
+  recorder of :mod:`.compute_spans`);
 - :mod:`.runtime_overhead`: what the pipeline runtime costs per action
-  around the units, probed through it on two local ranks;
+  around the units, probed through it on two local ranks (both probes build
+  a rank's pipeline with :mod:`.probe_pipeline`);
 - :mod:`.time_model`: the fitted unit times, per-token bytes and runtime cost;
 - :mod:`.estimate`: one plan's predicted step time, bubble and per-rank
   memory under a schedule's real order;
@@ -43,7 +47,6 @@ from torchtitan_seq1f1b.planner.choose import (
     segment_plan,
 )
 from torchtitan_seq1f1b.planner.estimate import (
-    contended_replay,
     estimate,
     even_stage_blocks,
     PipelineShape,
@@ -80,7 +83,6 @@ __all__ = [
     "cached_calibration",
     "calibrate",
     "causal_pairs",
-    "contended_replay",
     "estimate",
     "even_stage_blocks",
     "fit_unit_time",

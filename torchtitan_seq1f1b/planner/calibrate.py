@@ -17,6 +17,10 @@ fast. Each unit keeps its fastest of several passes: a shared host's speed
 drifts by several percent over seconds, and a median of three passes let slow
 stretches move I against B (and so a zero-bubble prediction) by up to 11% from
 one calibration to the next.
+Where pipeline ranks share a host's CPU cores, units timed alone ran 6-13%
+faster than inside a step, by different factors for different plans; there
+the units are timed inside short pipeline steps of the same chains instead
+(:mod:`.pipeline_units`), on as many local ranks as share the host.
 On the CPU, what the pipeline runtime adds around the units is measured too
 (:mod:`.runtime_overhead`). The fit is cached per (shape, seq_len, device,
 dtype, backend, chain, torch), so a job pays for it once.
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 import time
 from dataclasses import dataclass
 from hashlib import sha256
@@ -41,9 +44,16 @@ from torchtitan_seq1f1b._torch_compat import stage_backward_input, stage_backwar
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
-from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
+from torchtitan_seq1f1b.planner.llama_block import BlockChain
 from torchtitan_seq1f1b.planner.runtime_overhead import measure_runtime_overhead
-from torchtitan_seq1f1b.planner.time_model import fit_unit_time, KINDS, RuntimeOverhead, TimeModel
+from torchtitan_seq1f1b.planner.pipeline_units import measure_pipeline_units
+from torchtitan_seq1f1b.planner.time_model import (
+    fit_unit_time,
+    KINDS,
+    RuntimeOverhead,
+    TimeModel,
+    UnitTime,
+)
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
@@ -58,12 +68,11 @@ __all__ = [
 CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
 _SEGMENT_COUNTS = (1, 2, 4, 8, 16)
 # Bumped when what is measured changes, so older cached fits are measured again.
-_METHOD = 5
+_METHOD = 6
 MAX_CHAINED_BLOCKS = 4
 """The chain's time and memory come on top of the job's on its device and grow with its length.
 Past four, a block's F, B and I moved under 4% on the bench model's CPU, its W up to 9%
 (at eight): a rank of more blocks is priced that much fast in W."""
-_CONTENTION_ROUNDS = 12
 _SAMPLES = dict[str, list[tuple[int, int, float]]]
 
 
@@ -78,10 +87,11 @@ class CalibrationTarget:
         dtype: the dtype activations are computed in (bf16 on GPU).
         microbatch_size: sequences per microbatch.
         attention_backend: :class:`SegmentAwareAttention` backend the job uses.
-        repeats: timed passes per plan (each unit's fastest is kept), after one warm-up.
-        contenders: processes that compute at once on this host during a step
-            (pipeline ranks sharing its CPU cores); with more than one, how much
-            a unit slows while the others compute is measured too.
+        repeats: timed passes per plan (each unit's fastest is kept), after one warm-up,
+            where units are timed alone.
+        contenders: pipeline ranks that share this host's CPU cores during a
+            step (``device`` "cpu"); with more than one, units are timed inside
+            pipeline steps on that many local ranks.
         chained_blocks: blocks timed as one chain, whose unit times are split
             evenly among them; a job chains as many as a rank holds
             (:func:`rank_chain_length`).
@@ -100,6 +110,14 @@ class CalibrationTarget:
     def __post_init__(self):
         if self.chained_blocks < 1:
             raise ValueError(f"chained_blocks must be at least 1, got {self.chained_blocks}")
+        if self.contenders < 1:
+            raise ValueError(f"contenders must be at least 1, got {self.contenders}")
+        if self.contenders > 1 and torch.device(self.device).type != "cpu":
+            raise ValueError(
+                f"contenders={self.contenders} times units in pipeline steps on local CPU "
+                f"ranks, but device is {self.device!r}: ranks on their own GPUs do not "
+                "share cores; leave contenders at 1"
+            )
 
     def key(self) -> dict:
         """Everything the measured times depend on, as JSON-able values."""
@@ -136,21 +154,6 @@ def rank_chain_length(n_layers: int, num_ranks: int) -> int:
     most :data:`MAX_CHAINED_BLOCKS`.
     """
     return max(1, min(n_layers // num_ranks, MAX_CHAINED_BLOCKS))
-
-
-class _BlockChain(nn.Module):
-    """``count`` blocks in a row: (batch, seq_len, dim) at positions (1, seq_len) -> same shape."""
-
-    def __init__(self, shape: TransformerCost, count: int, attention_backend: str):
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            LlamaBlock(shape, attention_backend=attention_backend) for _ in range(count)
-        )
-
-    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            h = block(h, positions)
-        return h
 
 
 class _Head(nn.Module):
@@ -290,68 +293,6 @@ def _activation_bytes(
     return (saved.nbytes - kv) / target.seq_len, kv / target.seq_len
 
 
-def _whole_sequence_pass(target: CalibrationTarget):
-    """A block's whole-sequence forward and backward, as a function returning its seconds."""
-    device = torch.device(target.device)
-    block = LlamaBlock(target.shape, attention_backend=target.attention_backend).to(
-        device, target.dtype
-    )
-    positions = torch.arange(target.seq_len, device=device)[None]
-    plan = SegmentPlan.uniform(target.seq_len, 1)
-    inputs = torch.randn(
-        target.microbatch_size, target.seq_len, target.shape.dim, device=device, dtype=target.dtype
-    )
-
-    def seconds() -> float:
-        samples: _SAMPLES = {kind: [] for kind in KINDS}
-        _run_plan(block, plan, inputs, positions, False, _Clock(device), samples)
-        return samples["F"][0][2] + samples["B"][0][2]
-
-    seconds()  # warm-up
-    return seconds
-
-
-def _contender(target: CalibrationTarget, threads: int, index: int, barrier, results) -> None:
-    """Alternate rounds where every contender computes with rounds where only the first does."""
-    torch.set_num_threads(threads)
-    run = _whole_sequence_pass(target)
-    ratios = []
-    for _ in range(_CONTENTION_ROUNDS):
-        barrier.wait()
-        together = run()
-        barrier.wait()
-        if index == 0:
-            ratios.append(together / run())
-        # The others idle here rather than start the next round or exit (whose
-        # teardown would compute) while the first runs alone.
-        barrier.wait()
-    if index == 0:
-        results.put(ratios)
-
-
-def _contention(target: CalibrationTarget) -> float:
-    """How much slower a block computes while ``target.contenders`` processes compute at once.
-
-    Each round times the same pass with all contenders computing, then alone,
-    seconds apart, so the host's drifting speed cancels in the round's ratio.
-    """
-    context = torch.multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(target.contenders), context.Queue()
-    processes = [
-        context.Process(
-            target=_contender,
-            args=(target, torch.get_num_threads(), index, barrier, results),
-        )
-        for index in range(target.contenders)
-    ]
-    for process in processes:
-        process.start()
-    ratios = results.get(timeout=600)
-    for process in processes:
-        process.join()
-    return max(statistics.median(ratios), 1.0)
-
-
 def _runtime_overhead(target: CalibrationTarget) -> RuntimeOverhead:
     """The runtime's own cost per action where ranks compute on the host.
 
@@ -367,38 +308,86 @@ def _runtime_overhead(target: CalibrationTarget) -> RuntimeOverhead:
     )
 
 
-def calibrate(target: CalibrationTarget) -> TimeModel:
-    """Time a chain of blocks and the head on ``target.device`` and fit a block's and the head's
-    unit times."""
-    device = torch.device(target.device)
-    shape = target.shape
+def _pipeline_fits(target: CalibrationTarget) -> tuple[dict[str, UnitTime], dict[str, UnitTime]]:
+    """A block's and the head's unit times from units timed inside pipeline steps
+    (:mod:`.pipeline_units`) on ``target.contenders`` local ranks."""
     count = target.chained_blocks
-    chain = _BlockChain(shape, count, target.attention_backend).to(device, target.dtype)
-    head = _Head(shape).to(device, target.dtype)
-    positions = torch.arange(target.seq_len, device=device)[None]
+    times = measure_pipeline_units(
+        target.shape,
+        target.seq_len,
+        target.contenders,
+        count,
+        target.microbatch_size,
+        target.dtype,
+        target.attention_backend,
+    )
+    block = {kind: fit_unit_time(times.block[kind]) for kind in KINDS}
+    # The head is what the last stage takes beyond its blocks; its residuals stay relative to
+    # the whole stage's time, which is what was measured.
+    head = {
+        kind: fit_unit_time(
+            [(n, end, t - count * block[kind](n, end)) for n, end, t in times.last_stage[kind]],
+            with_pairs=False,
+            scale=[t for _, _, t in times.last_stage[kind]],
+        )
+        for kind in KINDS
+    }
+    return block, head
+
+
+def _direct_fits(
+    target: CalibrationTarget, chain: nn.Module, positions: torch.Tensor
+) -> tuple[dict[str, UnitTime], dict[str, UnitTime]]:
+    """A block's and the head's unit times from the chain and head timed alone on the device."""
+    device = torch.device(target.device)
+    head = _Head(target.shape).to(device, target.dtype)
     targets = torch.randint(
-        0, shape.vocab_size, (target.microbatch_size, target.seq_len), device=device
+        0, target.shape.vocab_size, (target.microbatch_size, target.seq_len), device=device
     )
     block_samples = _measure(chain, target, positions)
     head_samples = _measure(head, target, targets)
-    inputs = torch.randn(
-        target.microbatch_size, target.seq_len, shape.dim, device=device, dtype=target.dtype
-    )
-    chain_bytes, chain_kv_bytes = _activation_bytes(chain, target, inputs, positions)
-    block_bytes, kv_bytes = chain_bytes / count, chain_kv_bytes / count
-    head_bytes, _ = _activation_bytes(head, target, inputs, targets)
-    return TimeModel(
-        block={
+    count = target.chained_blocks
+    return (
+        {
             kind: fit_unit_time([(n, end, t / count) for n, end, t in block_samples[kind]])
             for kind in KINDS
         },
-        head={kind: fit_unit_time(head_samples[kind], with_pairs=False) for kind in KINDS},
+        {kind: fit_unit_time(head_samples[kind], with_pairs=False) for kind in KINDS},
+    )
+
+
+def calibrate(target: CalibrationTarget) -> TimeModel:
+    """Time a chain of blocks and the head on ``target.device`` and fit a block's and the head's
+    unit times: inside pipeline steps where ``target.contenders`` ranks share the host, else
+    alone on the device."""
+    device = torch.device(target.device)
+    shape = target.shape
+    count = target.chained_blocks
+    chain = BlockChain(shape, count, target.attention_backend).to(device, target.dtype)
+    positions = torch.arange(target.seq_len, device=device)[None]
+    if target.contenders > 1:
+        block, head = _pipeline_fits(target)
+    else:
+        block, head = _direct_fits(target, chain, positions)
+    inputs = torch.randn(
+        target.microbatch_size, target.seq_len, shape.dim, device=device, dtype=target.dtype
+    )
+    targets = torch.randint(
+        0, shape.vocab_size, (target.microbatch_size, target.seq_len), device=device
+    )
+    chain_bytes, chain_kv_bytes = _activation_bytes(chain, target, inputs, positions)
+    block_bytes, kv_bytes = chain_bytes / count, chain_kv_bytes / count
+    head_bytes, _ = _activation_bytes(
+        _Head(shape).to(device, target.dtype), target, inputs, targets
+    )
+    return TimeModel(
+        block=block,
+        head=head,
         block_activation_bytes=block_bytes,
         head_activation_bytes=head_bytes,
         kv_bytes=kv_bytes,
         # KVStore banks prefix gradients in fp32 (or wider) whatever the K/V dtype.
         kv_grad_bytes=kv_bytes * max(4, target.dtype.itemsize) / target.dtype.itemsize,
-        contention=_contention(target) if target.contenders > 1 else 1.0,
         runtime=_runtime_overhead(target),
         calibrated_for=target.key(),
     )

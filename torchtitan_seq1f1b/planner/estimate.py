@@ -5,9 +5,8 @@
 
 The schedule's real per-rank order is replayed with the calibrated unit times
 plus the runtime's own cost per action
-(:func:`~torchtitan_seq1f1b.orders.replay`; units slow down while other ranks
-sharing the host compute, by the calibrated contention), plus the runtime's cost
-once per step, and walked for the bytes each
+(:func:`~torchtitan_seq1f1b.orders.replay`), plus the runtime's cost once per
+step, and walked for the bytes each
 rank holds: every unit's saved activations until its backward (B, or W after
 I), and every microbatch's K/V store from its first forward to its last
 backward, with the fp32 gradient bank from its first backward on.
@@ -19,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from torchtitan_seq1f1b.actions import Order, SegmentAction
-from torchtitan_seq1f1b.orders import replay, Timeline
+from torchtitan_seq1f1b.orders import replay
 from torchtitan_seq1f1b.planner.time_model import TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["PipelineShape", "PlanEstimate", "contended_replay", "estimate", "even_stage_blocks"]
+__all__ = ["PipelineShape", "PlanEstimate", "estimate", "even_stage_blocks"]
 
 
 def even_stage_blocks(n_layers: int, num_stages: int) -> tuple[int, ...]:
@@ -107,49 +106,6 @@ def _peak_bytes(
     return int(peak)
 
 
-def _overlap_with_others(timeline: Timeline, order: Order) -> dict[SegmentAction, float]:
-    """Per action, the fraction of its span during which another rank computed."""
-    spans = {rank: sorted(timeline.spans[a] for a in actions) for rank, actions in order.items()}
-    shares = {}
-    for rank, actions in order.items():
-        others = [span for other, found in spans.items() if other != rank for span in found]
-        for action in actions:
-            start, end = timeline.spans[action]
-            if end <= start:
-                shares[action] = 0.0
-                continue
-            shared = sum(max(0.0, min(end, e) - max(start, s)) for s, e in others)
-            shares[action] = min(shared / (end - start), 1.0)
-    return shares
-
-
-def contended_replay(
-    order: Order,
-    duration: Callable[[SegmentAction], float],
-    contention: float,
-    p2p_latency: float = 0.0,
-    overhead: Callable[[SegmentAction], float] | None = None,
-) -> Timeline:
-    """:func:`replay` where a unit runs ``contention`` times slower while other ranks compute.
-
-    A first replay says when each rank computes; every action's ``duration``
-    is then stretched by ``1 + (contention - 1) * share``, ``share`` being the
-    part of its first-replay span another rank spent computing, and replayed
-    again. ``overhead`` (the runtime's own seconds around an action) is added
-    unstretched: it was measured with the ranks running at once.
-    """
-    around = overhead or (lambda action: 0.0)
-    first = replay(order, lambda action: duration(action) + around(action), p2p_latency)
-    if contention == 1.0:
-        return first
-    shares = _overlap_with_others(first, order)
-
-    def stretched(action: SegmentAction) -> float:
-        return duration(action) * (1 + (contention - 1) * shares[action]) + around(action)
-
-    return replay(order, stretched, p2p_latency)
-
-
 def estimate(
     plan: SegmentPlan, partition: str, shape: PipelineShape, model: TimeModel
 ) -> PlanEstimate:
@@ -157,21 +113,18 @@ def estimate(
     order = shape.order(plan.num_segments)
 
     def seconds(action: SegmentAction) -> float:
-        return model.unit_seconds(
+        length = plan.lengths[action.segment]
+        unit = model.unit_seconds(
             action.kind,
-            plan.lengths[action.segment],
+            length,
             plan.ends[action.segment],
             shape.stage_blocks[action.stage],
             action.stage == shape.last_stage,
             action.stage == 0,
         )
+        return unit + model.runtime.action_seconds(length)
 
-    timeline = contended_replay(
-        order,
-        seconds,
-        model.contention,
-        overhead=lambda action: model.runtime.action_seconds(plan.lengths[action.segment]),
-    )
+    timeline = replay(order, seconds)
     return PlanEstimate(
         plan=plan,
         partition=partition,

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torchtitan_seq1f1b.attention import SegmentAwareAttention
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["LlamaBlock"]
+__all__ = ["BlockChain", "LlamaBlock"]
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -74,3 +74,18 @@ class LlamaBlock(nn.Module):
         h = h + self.attention(self.attention_norm(h), positions)
         x = self.ffn_norm(h)
         return h + self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class BlockChain(nn.Module):
+    """``count`` blocks in a row: (batch, seq_len, dim) at positions (1, seq_len) -> same shape."""
+
+    def __init__(self, shape: TransformerCost, count: int, attention_backend: str):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            LlamaBlock(shape, attention_backend=attention_backend) for _ in range(count)
+        )
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            h = block(h, positions)
+        return h

@@ -28,11 +28,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.pipelining import PipelineStage
 
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.orders import replay
+from torchtitan_seq1f1b.planner.probe_pipeline import probe_pipeline
 from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, RuntimeOverhead
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -71,36 +71,27 @@ def _probe_rank(
 ) -> list[list[float]]:
     """Step every probe (schedule index, k) on this rank; each probe's step seconds."""
     batch, seq_len, dim = hidden
-    runs = []
-    for schedule_index, k in probes:
-        schedule_cls = _PROBE_SCHEDULES[schedule_index]
-        num_stages = world_size * _stages_per_rank(schedule_cls)
-        indices = sorted({action.stage for action in _probe_order(schedule_cls, k)[rank]})
-        stages = [
-            PipelineStage(_ElementwiseStage().to(dtype), i, num_stages, torch.device("cpu"))
-            for i in indices
-        ]
-        schedule = schedule_cls(
-            stages,
+    runs = [
+        probe_pipeline(
+            _PROBE_SCHEDULES[schedule_index],
+            rank,
+            world_size,
+            _stages_per_rank(_PROBE_SCHEDULES[schedule_index]),
             _PROBE_MICROBATCHES,
             SegmentPlan.uniform(seq_len, k),
-            loss_fn=_output_sum,
-            positions_kwarg="positions",
+            lambda index, num_stages: _ElementwiseStage(),
+            _output_sum,
+            (batch, dim),
+            dtype,
         )
-        microbatches = _PROBE_MICROBATCHES * batch
-        inputs = (torch.randn(microbatches, seq_len, dim, dtype=dtype),) if 0 in indices else ()
-        target = (
-            torch.zeros(microbatches, seq_len, dtype=torch.long)
-            if num_stages - 1 in indices
-            else None
-        )
-        runs.append((schedule, inputs, target))
+        for schedule_index, k in probes
+    ]
     seconds: list[list[float]] = [[] for _ in probes]
     for step in range(_WARMUP_STEPS + _STEPS):
-        for (schedule, inputs, target), found in zip(runs, seconds):
+        for pipeline, found in zip(runs, seconds):
             dist.barrier()
             start = time.perf_counter()
-            schedule.step(*inputs, target=target, return_outputs=False)
+            pipeline.step()
             if step >= _WARMUP_STEPS:
                 found.append(time.perf_counter() - start)
     return seconds

@@ -80,19 +80,23 @@ class UnitTime:
         return self.per_token * length + self.per_pair * causal_pairs(length, end)
 
 
-def fit_nonnegative(columns: dict[str, list[float]], seconds: list[float]) -> dict[str, float]:
+def fit_nonnegative(
+    columns: dict[str, list[float]], seconds: list[float], scale: list[float] | None = None
+) -> dict[str, float]:
     """Least-squares coefficients of ``columns`` (one value per sample each) to ``seconds``.
 
-    Residuals are relative (rows divided by the measured time), so short
-    samples, where fixed costs show, weigh as much as long ones. A term whose
+    Residuals are relative (rows divided by ``scale``, by default the
+    measured ``seconds``), so short samples, where fixed costs show, weigh as
+    much as long ones. A term whose
     coefficient comes out negative is dropped (reported as 0) and the rest
     refitted: each stands for a cost that cannot be negative.
     """
     terms = list(columns)
     measured = torch.tensor(seconds, dtype=torch.float64)
+    divisor = measured if scale is None else torch.tensor(scale, dtype=torch.float64)
     while True:
         design = torch.tensor([columns[t] for t in terms], dtype=torch.float64).T
-        solution = torch.linalg.lstsq(design / measured[:, None], torch.ones_like(measured)[:, None])
+        solution = torch.linalg.lstsq(design / divisor[:, None], (measured / divisor)[:, None])
         coefficients = dict(zip(terms, solution.solution[:, 0].tolist()))
         negative = [t for t in terms if coefficients[t] < 0]
         if not negative or len(terms) == 1:
@@ -102,7 +106,9 @@ def fit_nonnegative(columns: dict[str, list[float]], seconds: list[float]) -> di
 
 
 def fit_unit_time(
-    samples: list[tuple[int, int, float]], with_pairs: bool = True
+    samples: list[tuple[int, int, float]],
+    with_pairs: bool = True,
+    scale: list[float] | None = None,
 ) -> UnitTime:
     """:func:`fit_nonnegative` of :class:`UnitTime` to ``(length, end, seconds)`` samples."""
     columns = {
@@ -112,7 +118,8 @@ def fit_unit_time(
     if with_pairs:
         columns["per_pair"] = [float(causal_pairs(n, end)) for n, end, _ in samples]
         columns["per_prefix_pair"] = [float(prefix_rectangle(n, end)) for n, end, _ in samples]
-    return UnitTime(**{"per_pair": 0.0, **fit_nonnegative(columns, [t for _, _, t in samples])})
+    seconds = [t for _, _, t in samples]
+    return UnitTime(**{"per_pair": 0.0, **fit_nonnegative(columns, seconds, scale)})
 
 
 @dataclass(frozen=True)
@@ -147,9 +154,6 @@ class TimeModel:
         head_activation_bytes: the same for the head and loss.
         kv_bytes: K and V bytes one token occupies in one block's K/V store.
         kv_grad_bytes: the same for the store's fp32 bank of prefix gradients.
-        contention: how much slower a unit runs while the other pipeline ranks
-            compute too (ranks sharing one host's cores and memory bandwidth);
-            1 where every rank owns its device.
         runtime: what the pipeline runtime adds around the units (none where
             it was not measured).
         calibrated_for: what was measured (shape, device, dtype, ...): the cache key.
@@ -161,7 +165,6 @@ class TimeModel:
     head_activation_bytes: float
     kv_bytes: float
     kv_grad_bytes: float
-    contention: float = 1.0
     runtime: RuntimeOverhead = RuntimeOverhead()
     calibrated_for: dict = field(default_factory=dict)
 
@@ -193,9 +196,9 @@ class TimeModel:
         """The measured figures besides unit times and bytes, for logs."""
         runtime = self.runtime
         if runtime == RuntimeOverhead():
-            return f"contention {self.contention:.3f}; runtime cost not charged"
+            return "runtime cost not charged"
         return (
-            f"contention {self.contention:.3f}; runtime {runtime.per_action * 1e3:.2f} ms per "
+            f"runtime {runtime.per_action * 1e3:.2f} ms per "
             f"action + {runtime.per_token * 1e6:.2f} us per token, "
             f"{runtime.per_step * 1e3:.1f} ms per step"
         )

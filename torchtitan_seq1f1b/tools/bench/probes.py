@@ -1,29 +1,25 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Measurements taken inside real pipeline steps, for the benchmark.
+"""Peak activation memory measured inside real pipeline steps, for the benchmark.
 
-- :class:`ActivationMemoryProbe`: peak bytes a rank holds for backward,
-  counted from the tensors autograd actually saves (plus K/V stores).
-- :class:`ComputeRecorder`: start/end time of every forward/backward a
-  stage runs, for real-run timelines.
-
-Neither changes what the schedules compute; both undo themselves on exit.
+:class:`ActivationMemoryProbe` counts the bytes a rank holds for backward
+from the tensors autograd actually saves (plus K/V stores). It does not
+change what the schedules compute and undoes itself on exit. When each
+compute call runs is recorded by
+:class:`~torchtitan_seq1f1b.planner.compute_spans.ComputeRecorder`.
 """
 
 import contextlib
-import time
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b.kv_store import KVStore
 
-__all__ = ["ActivationMemoryProbe", "ComputeRecorder", "ComputeSpan"]
+__all__ = ["ActivationMemoryProbe"]
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
@@ -145,65 +141,3 @@ class ActivationMemoryProbe:
         self.peak_saved_bytes = max(self.peak_saved_bytes, self._saved_bytes)
         self.peak_kv_bytes = max(self.peak_kv_bytes, kv_bytes)
         self.peak_bytes = max(self.peak_bytes, self._saved_bytes + kv_bytes)
-
-
-@dataclass(frozen=True)
-class ComputeSpan:
-    """One compute call of a stage: kind "F", "B" (full backward), "I" or "W"."""
-
-    stage: int
-    kind: str
-    chunk: int
-    start: float
-    end: float
-
-
-class ComputeRecorder:
-    """Record when each of ``stages`` runs forward/backward compute (``time.perf_counter``).
-
-    Wraps the stages' ``forward_one_chunk``, ``backward_one_chunk`` and
-    ``backward_weight_one_chunk``, where every torch schedule's compute ends,
-    on top of any wrapper already there (Seq1F1B's unit scope), and restores
-    them on exit. ``chunk`` is torch's microbatch index (a Seq1F1B unit's chunk id).
-    """
-
-    _METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
-
-    def __init__(self, stages: Sequence[_PipelineStageBase]):
-        self._stages = list(stages)
-        self.spans: list[ComputeSpan] = []
-        self._saved: list[tuple[_PipelineStageBase, str, object]] = []
-
-    def __enter__(self) -> "ComputeRecorder":
-        for stage in self._stages:
-            for name in self._METHODS:
-                # None: the class's method was in use; restored by deleting ours.
-                self._saved.append((stage, name, stage.__dict__.get(name)))
-                setattr(stage, name, self._timed(stage, name, getattr(stage, name)))
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for stage, name, previous in reversed(self._saved):
-            if previous is None:
-                delattr(stage, name)
-            else:
-                setattr(stage, name, previous)
-        self._saved.clear()
-
-    def _timed(self, stage: _PipelineStageBase, name: str, method):
-        def timed(chunk_id, *args, **kwargs):
-            if name == "forward_one_chunk":
-                kind = "F"
-            elif name == "backward_weight_one_chunk":
-                kind = "W"
-            else:
-                kind = "B" if kwargs.get("full_backward", True) else "I"
-            start = time.perf_counter()
-            try:
-                return method(chunk_id, *args, **kwargs)
-            finally:
-                self.spans.append(
-                    ComputeSpan(stage.stage_index, kind, chunk_id, start, time.perf_counter())
-                )
-
-        return timed

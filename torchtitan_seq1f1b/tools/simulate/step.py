@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from itertools import accumulate
 
 from torchtitan_seq1f1b.orders import equal_cost_bubble, replay
-from torchtitan_seq1f1b.planner import contended_replay
+from torchtitan_seq1f1b.actions import SegmentAction
+from torchtitan_seq1f1b.planner import RuntimeOverhead
 from torchtitan_seq1f1b.tools.simulate.config import schedule_order, SimConfig
 from torchtitan_seq1f1b.tools.simulate.memory import rank_memory
 from torchtitan_seq1f1b.tools.simulate.unit_times import action_duration
@@ -114,20 +115,14 @@ def simulate(config: SimConfig) -> SimResult:
     plan = config.plan()
     k, v = plan.num_segments, config.v
     order = schedule_order(config)
-    duration = action_duration(config, plan)
-    per_step = 0.0
-    if config.time_model is None:
-        timeline = replay(order, duration, config.p2p_latency)
-    else:
-        runtime = config.time_model.runtime
-        timeline = contended_replay(
-            order,
-            duration,
-            config.time_model.contention,
-            config.p2p_latency,
-            overhead=lambda action: runtime.action_seconds(plan.lengths[action.segment]),
-        )
-        per_step = runtime.per_step
+    unit_duration = action_duration(config, plan)
+    runtime = config.time_model.runtime if config.time_model else RuntimeOverhead()
+
+    def duration(action: SegmentAction) -> float:
+        return unit_duration(action) + runtime.action_seconds(plan.lengths[action.segment])
+
+    timeline = replay(order, duration, config.p2p_latency)
+    per_step = runtime.per_step
     ranks = []
     for rank, actions in order.items():
         memory = rank_memory(config, plan, actions)

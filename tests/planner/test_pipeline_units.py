@@ -1,0 +1,116 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Units timed inside pipeline steps where ranks share a host: the spans read, the fit, a real probe."""
+
+import importlib
+
+import pytest
+import torch
+
+from torchtitan_seq1f1b.planner import calibrate, CalibrationTarget, RuntimeOverhead
+from torchtitan_seq1f1b.planner.compute_spans import ComputeSpan
+from torchtitan_seq1f1b.planner.pipeline_units import measure_pipeline_units, PipelineUnitTimes
+from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, UnitTime
+from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+
+_units = importlib.import_module("torchtitan_seq1f1b.planner.pipeline_units")
+_calibrate = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
+
+SHAPE = TransformerCost(
+    n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
+)
+
+
+def _span(stage: int, kind: str, chunk: int, seconds: float) -> ComputeSpan:
+    return ComputeSpan(stage, kind, chunk, 10.0, 10.0 + seconds)
+
+
+def test_a_steps_spans_become_unit_samples():
+    """k = 2 over 64 tokens on a V of 4 stages: the last stage's forwards carry their losses,
+    stage 0's split backward (I empty, W the whole backward) is left out, and chunk ids map
+    to their segment's (length, end)."""
+    plan = SegmentPlan.uniform(64, 2)
+    spans = [
+        _span(0, "F", 0, 1.0),
+        _span(3, "F", 1, 2.0),  # microbatch 0, segment 1
+        _span(3, "I", 1, 3.0),
+        _span(0, "I", 2, 0.0),
+        _span(0, "W", 2, 4.0),
+        _span(1, "W", 3, 5.0),  # microbatch 1, segment 1
+    ]
+    found = _units._unit_seconds(spans, [0.5], plan, ("F", "I", "W"), last_stage=3)
+    assert found == [
+        (("F", False, 32, 32), 1.0),
+        (("F", True, 32, 64), 2.5),
+        (("I", True, 32, 64), 3.0),
+        (("W", False, 32, 64), 5.0),
+    ]
+    # Kinds another probe times are skipped, but the loss stays with its forward.
+    assert _units._unit_seconds(spans[:2], [0.5], plan, ("I", "W"), last_stage=3) == []
+
+
+def test_the_head_is_fitted_from_what_the_last_stage_takes_beyond_its_blocks(monkeypatch):
+    """Scripted probe times: 3 chained blocks of known F, B, I, W and a head of known cost on
+    the last stage. The fits recover both."""
+    block = UnitTime(per_token=2e-6, per_pair=3e-9, per_unit=1e-4, per_prefix_pair=1e-9)
+    head = UnitTime(per_token=5e-6, per_pair=0.0, per_unit=2e-4)
+    shapes = [
+        (plan.lengths[s], plan.ends[s])
+        for k in (1, 2, 4, 8, 16)
+        for plan in [SegmentPlan.uniform(64, k)]
+        for s in range(k)
+    ]
+    times = PipelineUnitTimes(
+        block={kind: [(n, e, block(n, e)) for n, e in shapes] for kind in "FBIW"},
+        last_stage={kind: [(n, e, 3 * block(n, e) + head(n, e)) for n, e in shapes] for kind in "FBIW"},
+    )
+    calls = []
+
+    def scripted(*args):
+        calls.append(args)
+        return times
+
+    monkeypatch.setattr(_calibrate, "measure_pipeline_units", scripted)
+    monkeypatch.setattr(
+        _calibrate, "measure_runtime_overhead", lambda *args, **kwargs: RuntimeOverhead()
+    )
+    target = CalibrationTarget(
+        shape=SHAPE, seq_len=64, attention_backend="sdpa", contenders=2, chained_blocks=3
+    )
+    model = calibrate(target)
+    assert calls == [(SHAPE, 64, 2, 3, 1, torch.float32, "sdpa")]
+    for kind in "FBIW":
+        for unit_time, expected in ((model.block[kind], block), (model.head[kind], head)):
+            for n, e in shapes:
+                assert unit_time(n, e) == pytest.approx(expected(n, e), rel=1e-9)
+
+
+def test_a_scale_sets_whose_relative_error_the_fit_weighs():
+    constant = {"per_unit": [1.0, 1.0]}  # one constant cost, measured as 1 s and 3 s
+    # Relative to the measured times, 1 s weighs nine times as much as 3 s ...
+    assert fit_nonnegative(constant, [1.0, 3.0]) == {"per_unit": pytest.approx(1.2)}
+    # ... relative to equal scales (a stage both were part of), the two weigh alike.
+    assert fit_nonnegative(constant, [1.0, 3.0], [5.0, 5.0]) == {"per_unit": pytest.approx(2.0)}
+
+
+def test_ranks_on_their_own_gpus_are_refused_a_shared_host_probe():
+    with pytest.raises(ValueError, match="contenders=2 .* leave contenders at 1"):
+        CalibrationTarget(shape=SHAPE, seq_len=64, device="cuda", contenders=2)
+    with pytest.raises(ValueError, match="contenders must be at least 1"):
+        CalibrationTarget(shape=SHAPE, seq_len=64, contenders=0)
+
+
+def test_a_real_probe_times_every_kind_and_unit_shape_on_two_ranks():
+    found = measure_pipeline_units(SHAPE, 32, ranks=2, chained_blocks=2, attention_backend="sdpa")
+    shapes = sorted(
+        (plan.lengths[s], plan.ends[s])
+        for k in (1, 2, 4, 8, 16)
+        for plan in [SegmentPlan.uniform(32, k)]
+        for s in range(k)
+    )
+    for part in (found.block, found.last_stage):
+        assert sorted(part) == list("BFIW")
+        for kind, samples in part.items():
+            assert sorted((n, e) for n, e, _ in samples) == shapes
+            assert all(seconds > 0 for _, _, seconds in samples)
