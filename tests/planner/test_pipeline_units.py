@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from torchtitan_seq1f1b.planner import calibrate, CalibrationTarget, RuntimeOverhead
+from torchtitan_seq1f1b.planner import calibrate, CalibrationTarget, fit_unit_time, RuntimeOverhead
 from torchtitan_seq1f1b.planner.compute_spans import ComputeSpan
 from torchtitan_seq1f1b.planner.pipeline_units import measure_pipeline_units, PipelineUnitTimes
 from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, UnitTime
@@ -41,34 +41,33 @@ def test_a_steps_spans_become_unit_samples():
     ]
     found = _units._unit_seconds(spans, [0.5], plan, ("F", "I", "W"), last_stage=3)
     assert found == [
-        (("F", False, 32, 32), 1.0),
-        (("F", True, 32, 64), 2.5),
-        (("I", True, 32, 64), 3.0),
-        (("W", False, 32, 64), 5.0),
+        (("F", False, 2, 32, 32), 1.0),
+        (("F", True, 2, 32, 64), 2.5),
+        (("I", True, 2, 32, 64), 3.0),
+        (("W", False, 2, 32, 64), 5.0),
     ]
     # Kinds another probe times are skipped, but the loss stays with its forward.
     assert _units._unit_seconds(spans[:2], [0.5], plan, ("I", "W"), last_stage=3) == []
 
 
-def test_the_head_is_fitted_from_what_the_last_stage_takes_beyond_its_blocks(monkeypatch):
-    """Scripted probe times: 3 chained blocks of known F, B, I, W and a head of known cost on
-    the last stage. The fits recover both."""
-    block = UnitTime(per_token=2e-6, per_pair=3e-9, per_unit=1e-4, per_prefix_pair=1e-9)
-    head = UnitTime(per_token=5e-6, per_pair=0.0, per_unit=2e-4)
-    shapes = [
-        (plan.lengths[s], plan.ends[s])
-        for k in (1, 2, 4, 8, 16)
-        for plan in [SegmentPlan.uniform(64, k)]
-        for s in range(k)
-    ]
-    times = PipelineUnitTimes(
-        block={kind: [(n, e, block(n, e)) for n, e in shapes] for kind in "FBIW"},
-        last_stage={kind: [(n, e, 3 * block(n, e) + head(n, e)) for n, e in shapes] for kind in "FBIW"},
-    )
+def _plan_samples(seconds) -> list[tuple[int, int, float, float]]:
+    """Every unit of uniform plans over 64 tokens, k = 1 to 16, as ``(length, end, seconds,
+    plan seconds)`` with ``seconds(length, end)``."""
+    samples = []
+    for k in (1, 2, 4, 8, 16):
+        plan = SegmentPlan.uniform(64, k)
+        units = [(plan.lengths[s], plan.ends[s]) for s in range(k)]
+        total = sum(seconds(n, e) for n, e in units)
+        samples += [(n, e, seconds(n, e), total) for n, e in units]
+    return samples
+
+
+def _calibrate_from(monkeypatch, times: PipelineUnitTimes, chained_blocks: int):
+    """``calibrate`` of a target whose ranks share the host, the probe scripted to ``times``."""
     calls = []
 
-    def scripted(*args):
-        calls.append(args)
+    def scripted(*args, **kwargs):
+        calls.append((args, kwargs))
         return times
 
     monkeypatch.setattr(_calibrate, "measure_pipeline_units", scripted)
@@ -76,14 +75,89 @@ def test_the_head_is_fitted_from_what_the_last_stage_takes_beyond_its_blocks(mon
         _calibrate, "measure_runtime_overhead", lambda *args, **kwargs: RuntimeOverhead()
     )
     target = CalibrationTarget(
-        shape=SHAPE, seq_len=64, attention_backend="sdpa", contenders=2, chained_blocks=3
+        shape=SHAPE, seq_len=64, attention_backend="sdpa", contenders=2,
+        chained_blocks=chained_blocks,
     )
-    model = calibrate(target)
-    assert calls == [(SHAPE, 64, 2, 3, 1, torch.float32, "sdpa")]
+    return calibrate(target), calls
+
+
+def test_the_head_is_fitted_from_what_the_last_stage_takes_beyond_its_blocks(monkeypatch):
+    """Scripted probe times: 3 chained blocks of known F, B, I, W and a head of known cost on
+    the last stage. The fits recover both."""
+    block = UnitTime(per_token=2e-6, per_pair=3e-9, per_unit=1e-4, per_prefix_pair=1e-9)
+    head = UnitTime(per_token=5e-6, per_pair=0.0, per_unit=2e-4)
+    times = PipelineUnitTimes(
+        block=dict.fromkeys("FBIW", _plan_samples(block)),
+        last_stage=dict.fromkeys("FBIW", _plan_samples(lambda n, e: 3 * block(n, e) + head(n, e))),
+    )
+    model, calls = _calibrate_from(monkeypatch, times, chained_blocks=3)
+    assert calls == [(
+        (SHAPE, 64),
+        dict(ranks=2, chained_blocks=3, microbatch_size=1, dtype=torch.float32, attention_backend="sdpa"),
+    )]
     for kind in "FBIW":
         for unit_time, expected in ((model.block[kind], block), (model.head[kind], head)):
-            for n, e in shapes:
+            for n, e, _, _ in times.block[kind]:
                 assert unit_time(n, e) == pytest.approx(expected(n, e), rel=1e-9)
+
+
+def test_residuals_are_relative_to_the_plans_time(monkeypatch):
+    """Noisy times: block and head fits weigh a unit's error against its plan's time (a step's
+    error is its units' errors in seconds), not against the unit's own."""
+    block = UnitTime(per_token=2e-6, per_pair=0.0, per_unit=1e-4)
+
+    def noisy(n, e):
+        return 4 * block(n, e) * (1.1 if (n + e) % 3 else 0.9)
+
+    times = PipelineUnitTimes(
+        block=dict.fromkeys("FBIW", _plan_samples(lambda n, e: noisy(n, e) / 4)),
+        last_stage=dict.fromkeys("FBIW", _plan_samples(lambda n, e: noisy(n, e) + 1e-6 * n)),
+    )
+    model, _ = _calibrate_from(monkeypatch, times, chained_blocks=4)
+    samples = times.block["F"]
+    plans = [plan for *_, plan in samples]
+    relative_to_plan = fit_unit_time([sample[:3] for sample in samples], scale=plans)
+    relative_to_unit = fit_unit_time([sample[:3] for sample in samples])
+    assert model.block["F"] == relative_to_plan != relative_to_unit
+    stage = times.last_stage["F"]
+    left = [(n, e, t - 4 * model.block["F"](n, e)) for n, e, t, _ in stage]
+    head = fit_unit_time(left, with_pairs=False, scale=[plan for *_, plan in stage])
+    assert model.head["F"].per_token == pytest.approx(head.per_token, rel=1e-9)
+    assert model.head["F"].per_token != pytest.approx(
+        fit_unit_time(left, with_pairs=False).per_token, rel=1e-3
+    )
+
+
+def test_the_first_stage_computes_its_input_gradient_as_a_jobs_does():
+    """A job's first stage takes the embedding's output, whose gradient its first block computes;
+    the probe's first stage is handed hidden states without one and must compute it anyway."""
+    stage = _units._FirstStage(SHAPE, 2, "sdpa")
+    hidden = torch.randn(1, 16, SHAPE.dim)
+    out = stage(hidden, torch.arange(16)[None])
+    leaves, pending, seen = [], [out.grad_fn], set()
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            leaves.append(node.variable)
+        pending.extend(next_node for next_node, _ in node.next_functions)
+    assert [leaf.shape for leaf in leaves if leaf.shape == hidden.shape] == [hidden.shape]
+    assert not hidden.requires_grad
+
+
+def test_a_calibration_of_ranks_sharing_the_host_times_units_in_pipeline_steps():
+    """End to end on two gloo ranks: both probes run and every block fit is positive."""
+    target = CalibrationTarget(
+        shape=SHAPE, seq_len=32, attention_backend="sdpa", contenders=2, chained_blocks=2
+    )
+    model = calibrate(target)
+    for kind in "FBIW":
+        # This head (vocab 64) costs next to nothing beside two blocks: its fit may be 0.
+        assert model.block[kind](32, 32) > 0 and model.head[kind](32, 32) >= 0
+    assert model.calibrated_for == target.key()
+    assert model.runtime.per_step >= 0
 
 
 def test_a_scale_sets_whose_relative_error_the_fit_weighs():
@@ -112,5 +186,7 @@ def test_a_real_probe_times_every_kind_and_unit_shape_on_two_ranks():
     for part in (found.block, found.last_stage):
         assert sorted(part) == list("BFIW")
         for kind, samples in part.items():
-            assert sorted((n, e) for n, e, _ in samples) == shapes
-            assert all(seconds > 0 for _, _, seconds in samples)
+            assert sorted((n, e) for n, e, _, _ in samples) == shapes
+            assert all(0 < seconds <= plan for _, _, seconds, plan in samples)
+            # A whole-sequence unit is its plan.
+            assert [seconds == plan for n, _, seconds, plan in samples if n == 32] == [True]

@@ -18,7 +18,7 @@ from torchtitan_seq1f1b.planner import (
     TimeModel,
     UnitTime,
 )
-from torchtitan_seq1f1b.planner.time_model import fit_nonnegative
+from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, PROBED_SEGMENT_COUNTS
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
@@ -59,7 +59,7 @@ def test_fit_recovers_a_known_overhead_from_the_probes():
     columns: dict[str, list[float]] = {"per_action": [], "per_token": [], "per_step": []}
     seconds = []
     for schedule_cls in _probes._PROBE_SCHEDULES:
-        for k in _probes._PROBE_SEGMENTS:
+        for k in PROBED_SEGMENT_COUNTS:
             path = _probes._critical_path(schedule_cls, 1024, k)
             for term, value in path.items():
                 columns[term].append(value)
@@ -67,6 +67,15 @@ def test_fit_recovers_a_known_overhead_from_the_probes():
     fitted = RuntimeOverhead(**fit_nonnegative(columns, seconds))
     for term in ("per_action", "per_token", "per_step"):
         assert getattr(fitted, term) == pytest.approx(getattr(truth, term), rel=1e-6)
+
+
+def test_units_timed_as_whole_calls_leave_the_runtimes_in_call_cost_out():
+    """Calls of 0.1 ms + 10 ns per token come off the overhead's terms, never below zero."""
+    overhead = RuntimeOverhead(per_action=4e-4, per_token=5e-9, per_step=2e-3)
+    calls = [(n, 1e-4 + 1e-8 * n) for n in (64, 128, 256, 512, 1024) for _ in range(3)]
+    left = _probes._without_calls(overhead, calls)
+    assert left.per_action == pytest.approx(3e-4)
+    assert left.per_token == 0.0 and left.per_step == 2e-3
 
 
 def test_estimate_charges_every_action_on_the_critical_path_and_each_step_once():

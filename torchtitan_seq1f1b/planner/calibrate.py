@@ -37,19 +37,19 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.autograd.graph import saved_tensors_hooks
 
 from torchtitan_seq1f1b._torch_compat import stage_backward_input, stage_backward_weight
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
-from torchtitan_seq1f1b.planner.llama_block import BlockChain
+from torchtitan_seq1f1b.planner.llama_block import BlockChain, OutputHead, summed_cross_entropy
 from torchtitan_seq1f1b.planner.runtime_overhead import measure_runtime_overhead
 from torchtitan_seq1f1b.planner.pipeline_units import measure_pipeline_units
 from torchtitan_seq1f1b.planner.time_model import (
     fit_unit_time,
     KINDS,
+    PROBED_SEGMENT_COUNTS,
     RuntimeOverhead,
     TimeModel,
     UnitTime,
@@ -66,14 +66,13 @@ __all__ = [
 ]
 
 CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
-_SEGMENT_COUNTS = (1, 2, 4, 8, 16)
 # Bumped when what is measured changes, so older cached fits are measured again.
 _METHOD = 6
 MAX_CHAINED_BLOCKS = 4
 """The chain's time and memory come on top of the job's on its device and grow with its length.
 Past four, a block's F, B and I moved under 4% on the bench model's CPU, its W up to 9%
 (at eight): a rank of more blocks is priced that much fast in W."""
-_SAMPLES = dict[str, list[tuple[int, int, float]]]
+_Samples = dict[str, list[tuple[int, int, float]]]  # per kind: (length, end, seconds)
 
 
 @dataclass(frozen=True)
@@ -161,12 +160,10 @@ class _Head(nn.Module):
 
     def __init__(self, shape: TransformerCost):
         super().__init__()
-        self.norm = nn.RMSNorm(shape.dim)
-        self.output = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+        self.head = OutputHead(shape)
 
     def forward(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        logits = self.output(self.norm(h))
-        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="sum")
+        return summed_cross_entropy(self.head(h), target)
 
 
 class _Clock:
@@ -210,7 +207,7 @@ def _run_plan(
     extra: torch.Tensor,
     split_backward: bool,
     clock: _Clock,
-    samples: _SAMPLES,
+    samples: _Samples,
 ) -> None:
     """Run one microbatch's units of ``plan`` through ``component`` and record each unit's time.
 
@@ -246,7 +243,7 @@ def _run_plan(
     store.clear()
 
 
-def _measure(component: nn.Module, target: CalibrationTarget, extra: torch.Tensor) -> _SAMPLES:
+def _measure(component: nn.Module, target: CalibrationTarget, extra: torch.Tensor) -> _Samples:
     device = torch.device(target.device)
     clock = _Clock(device)
     inputs = torch.randn(
@@ -254,15 +251,15 @@ def _measure(component: nn.Module, target: CalibrationTarget, extra: torch.Tenso
     )
     plans = [
         SegmentPlan.uniform(target.seq_len, k)
-        for k in _SEGMENT_COUNTS
+        for k in PROBED_SEGMENT_COUNTS
         if k <= target.seq_len
     ]
-    warmup: _SAMPLES = {kind: [] for kind in KINDS}
+    warmup: _Samples = {kind: [] for kind in KINDS}
     for split in (False, True):
         _run_plan(component, plans[0], inputs, extra, split, clock, warmup)
-    runs: list[_SAMPLES] = []
+    runs: list[_Samples] = []
     for _ in range(target.repeats):
-        run: _SAMPLES = {kind: [] for kind in KINDS}
+        run: _Samples = {kind: [] for kind in KINDS}
         for plan in plans:
             for split in (False, True):
                 _run_plan(component, plan, inputs, extra, split, clock, run)
@@ -294,7 +291,8 @@ def _activation_bytes(
 
 
 def _runtime_overhead(target: CalibrationTarget) -> RuntimeOverhead:
-    """The runtime's own cost per action where ranks compute on the host.
+    """The runtime's own cost per action where ranks compute on the host: where units are
+    timed inside pipeline steps, only what it spends outside their calls.
 
     On a GPU the runtime's host work runs while the device works through the
     kernels queued before it, so it is left out there: the device waits for
@@ -304,7 +302,11 @@ def _runtime_overhead(target: CalibrationTarget) -> RuntimeOverhead:
     if torch.device(target.device).type != "cpu":
         return RuntimeOverhead()
     return measure_runtime_overhead(
-        target.seq_len, target.shape.dim, target.microbatch_size, target.dtype
+        target.seq_len,
+        target.shape.dim,
+        target.microbatch_size,
+        target.dtype,
+        outside_calls=target.contenders > 1,
     )
 
 
@@ -315,20 +317,28 @@ def _pipeline_fits(target: CalibrationTarget) -> tuple[dict[str, UnitTime], dict
     times = measure_pipeline_units(
         target.shape,
         target.seq_len,
-        target.contenders,
-        count,
-        target.microbatch_size,
-        target.dtype,
-        target.attention_backend,
+        ranks=target.contenders,
+        chained_blocks=count,
+        microbatch_size=target.microbatch_size,
+        dtype=target.dtype,
+        attention_backend=target.attention_backend,
     )
-    block = {kind: fit_unit_time(times.block[kind]) for kind in KINDS}
-    # The head is what the last stage takes beyond its blocks; its residuals stay relative to
-    # the whole stage's time, which is what was measured.
+    # Residuals relative to the plan's time rather than the unit's: a step's error is its units'
+    # errors in seconds, and relative to the unit, k = 16's short units outweighed k = 2's
+    # (which the fit then priced up to 7% fast in the step).
+    block = {
+        kind: fit_unit_time(
+            [(n, end, t) for n, end, t, _ in times.block[kind]],
+            scale=[plan for *_, plan in times.block[kind]],
+        )
+        for kind in KINDS
+    }
+    # The head is what the last stage takes beyond its blocks, relative to the stage's plan.
     head = {
         kind: fit_unit_time(
-            [(n, end, t - count * block[kind](n, end)) for n, end, t in times.last_stage[kind]],
+            [(n, end, t - count * block[kind](n, end)) for n, end, t, _ in times.last_stage[kind]],
             with_pairs=False,
-            scale=[t for _, _, t in times.last_stage[kind]],
+            scale=[plan for *_, plan in times.last_stage[kind]],
         )
         for kind in KINDS
     }

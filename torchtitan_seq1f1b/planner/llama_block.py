@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""A llama-style transformer block: the unit the planner times.
+"""A llama-style transformer block, the unit the planner times, and the output head after them.
 
 RMSNorm, GQA attention with RoPE at global positions through
 :class:`SegmentAwareAttention`, and a SwiGLU MLP, like torchtitan's llama3
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torchtitan_seq1f1b.attention import SegmentAwareAttention
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["BlockChain", "LlamaBlock"]
+__all__ = ["BlockChain", "LlamaBlock", "OutputHead", "summed_cross_entropy"]
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -89,3 +89,21 @@ class BlockChain(nn.Module):
         for block in self.blocks:
             h = block(h, positions)
         return h
+
+
+class OutputHead(nn.Module):
+    """Final norm and LM head: (batch, seq_len, dim) -> (batch, seq_len, vocab_size) logits."""
+
+    def __init__(self, shape: TransformerCost):
+        super().__init__()
+        self.norm = nn.RMSNorm(shape.dim)
+        self.output = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.output(self.norm(h))
+
+
+def summed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over tokens (in fp32): logits (batch, seq_len, vocab_size),
+    target (batch, seq_len) -> scalar."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="sum")

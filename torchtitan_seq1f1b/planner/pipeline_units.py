@@ -31,39 +31,49 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.planner.compute_spans import ComputeRecorder, ComputeSpan
-from torchtitan_seq1f1b.planner.llama_block import BlockChain
+from torchtitan_seq1f1b.planner.llama_block import BlockChain, OutputHead, summed_cross_entropy
 from torchtitan_seq1f1b.planner.probe_pipeline import probe_pipeline
+from torchtitan_seq1f1b.planner.time_model import PROBED_SEGMENT_COUNTS
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = ["PipelineUnitTimes", "measure_pipeline_units"]
 
-_SEGMENT_COUNTS = (1, 2, 4, 8, 16)
 _MICROBATCHES = 2
 _WARMUP_STEPS = 1
-_STEPS = 4
+_STEPS = 8
 # Which kinds each schedule's steps are timed for: Seq1F1B runs whole backwards, the V splits them.
 _PROBES = ((ScheduleSeq1F1B, 1, ("F", "B")), (ScheduleSeq1F1BZBV, 2, ("I", "W")))
 
-_Samples = dict[str, list[tuple[int, int, float]]]
+_PlanSamples = dict[str, list[tuple[int, int, float, float]]]
+_UnitKey = tuple[str, bool, int, int, int]  # kind, on the last stage?, k, length, end
 
 
 @dataclass(frozen=True)
 class PipelineUnitTimes:
-    """Per kind, ``(length, end, seconds)`` of each timed unit shape (the median of its calls).
+    """Per kind, ``(length, end, seconds, plan seconds)`` of each timed unit shape: the median
+    of its calls, and the sum of those medians over the units of its plan (its k).
 
     Args:
         block: one block's time: a chain's divided by its blocks.
         last_stage: a chain followed by the head (norm, LM head and loss).
     """
 
-    block: _Samples
-    last_stage: _Samples
+    block: _PlanSamples
+    last_stage: _PlanSamples
+
+
+class _FirstStage(BlockChain):
+    """Blocks whose input takes a gradient, as the embedding's output does in a job: torch hands
+    the first stage the probe's hidden states as they are, without one, and the first block's
+    input gradient would go unmeasured. Same shapes as :class:`BlockChain`."""
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return super().forward(h.detach().requires_grad_(), positions)
 
 
 class _LastStage(nn.Module):
@@ -72,11 +82,10 @@ class _LastStage(nn.Module):
     def __init__(self, shape: TransformerCost, count: int, attention_backend: str):
         super().__init__()
         self.chain = BlockChain(shape, count, attention_backend)
-        self.norm = nn.RMSNorm(shape.dim)
-        self.output = nn.Linear(shape.dim, shape.vocab_size, bias=False)
+        self.head = OutputHead(shape)
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.output(self.norm(self.chain(h, positions)))
+        return self.head(self.chain(h, positions))
 
 
 class _TimedLoss:
@@ -88,7 +97,7 @@ class _TimedLoss:
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="sum")
+        loss = summed_cross_entropy(logits, target)
         self.seconds.append(time.perf_counter() - start)
         return loss
 
@@ -99,10 +108,10 @@ def _unit_seconds(
     plan: SegmentPlan,
     kinds: tuple[str, ...],
     last_stage: int,
-) -> list[tuple[tuple[str, bool, int, int], float]]:
-    """Each of one step's compute calls of ``kinds``, keyed (kind, on ``last_stage``?, length,
-    end), with its seconds; the loss that followed a last-stage forward (``loss_seconds``, in
-    call order) is part of that F. Stage 0's split backward is left out."""
+) -> list[tuple[_UnitKey, float]]:
+    """Each of one step's compute calls of ``kinds``, keyed (kind, on ``last_stage``?, the
+    plan's k, length, end), with its seconds; the loss that followed a last-stage forward
+    (``loss_seconds``, in call order) is part of that F. Stage 0's split backward is left out."""
     losses = iter(loss_seconds)
     found = []
     for span in spans:
@@ -112,8 +121,9 @@ def _unit_seconds(
             took += next(losses)
         if span.kind not in kinds or (span.stage == 0 and span.kind in "IW"):
             continue
-        segment = Unit.of_chunk(span.chunk, plan.num_segments).segment
-        found.append(((span.kind, is_last, plan.lengths[segment], plan.ends[segment]), took))
+        k = plan.num_segments
+        segment = Unit.of_chunk(span.chunk, k).segment
+        found.append(((span.kind, is_last, k, plan.lengths[segment], plan.ends[segment]), took))
     return found
 
 
@@ -126,17 +136,20 @@ def _probe_rank(
     dtype: torch.dtype,
     chained_blocks: int,
     attention_backend: str,
-) -> dict[tuple[str, bool, int, int], list[float]]:
-    """Step every probe on this rank; seconds per (kind, last stage?, length, end)."""
+) -> dict[_UnitKey, list[float]]:
+    """Step every probe on this rank; seconds per (kind, last stage?, k, length, end)."""
     torch.manual_seed(rank)
 
     def stage_module(index: int, num_stages: int) -> nn.Module:
-        module = _LastStage if index == num_stages - 1 else BlockChain
-        return module(shape, chained_blocks, attention_backend)
+        if index == num_stages - 1:
+            return _LastStage(shape, chained_blocks, attention_backend)
+        if index == 0:
+            return _FirstStage(shape, chained_blocks, attention_backend)
+        return BlockChain(shape, chained_blocks, attention_backend)
 
     runs = []
     for schedule_cls, stages_per_rank, kinds in _PROBES:
-        for k in (k for k in _SEGMENT_COUNTS if k <= seq_len):
+        for k in (k for k in PROBED_SEGMENT_COUNTS if k <= seq_len):
             loss = _TimedLoss()
             pipeline = probe_pipeline(
                 schedule_cls,
@@ -152,7 +165,7 @@ def _probe_rank(
                 shape.vocab_size,
             )
             runs.append((pipeline, loss, kinds))
-    seconds: dict[tuple[str, bool, int, int], list[float]] = defaultdict(list)
+    seconds: dict[_UnitKey, list[float]] = defaultdict(list)
     for step in range(_WARMUP_STEPS + _STEPS):
         # Round-robin, so a slow stretch of the host spreads over every probe.
         for pipeline, loss, kinds in runs:
@@ -192,15 +205,18 @@ def measure_pipeline_units(
         attention_backend,
         timeout=1800,
     )
-    merged: dict[tuple[str, bool, int, int], list[float]] = defaultdict(list)
+    merged: dict[_UnitKey, list[float]] = defaultdict(list)
     for found in per_rank:
         for key, values in found.items():
             merged[key] += values
-    block: _Samples = defaultdict(list)
-    last_stage: _Samples = defaultdict(list)
-    for (kind, is_last, length, end), values in sorted(merged.items()):
-        if is_last:
-            last_stage[kind].append((length, end, statistics.median(values)))
-        else:
-            block[kind].append((length, end, statistics.median(values) / chained_blocks))
+    medians = {key: statistics.median(values) for key, values in sorted(merged.items())}
+    plan_seconds: dict[tuple[str, bool, int], float] = defaultdict(float)
+    for (kind, is_last, k, _, _), seconds in medians.items():
+        plan_seconds[(kind, is_last, k)] += seconds
+    block: _PlanSamples = defaultdict(list)
+    last_stage: _PlanSamples = defaultdict(list)
+    for (kind, is_last, k, length, end), seconds in medians.items():
+        per = 1 if is_last else chained_blocks
+        sample = (length, end, seconds / per, plan_seconds[(kind, is_last, k)] / per)
+        (last_stage if is_last else block)[kind].append(sample)
     return PipelineUnitTimes(dict(block), dict(last_stage))

@@ -29,11 +29,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from torchtitan_seq1f1b.actions import Order
+from torchtitan_seq1f1b.actions import Order, Unit
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.orders import replay
+from torchtitan_seq1f1b.planner.compute_spans import ComputeRecorder
 from torchtitan_seq1f1b.planner.probe_pipeline import probe_pipeline
-from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, RuntimeOverhead
+from torchtitan_seq1f1b.planner.time_model import (
+    fit_nonnegative,
+    PROBED_SEGMENT_COUNTS,
+    RuntimeOverhead,
+)
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
@@ -42,7 +47,6 @@ __all__ = ["measure_runtime_overhead"]
 _PROBE_SCHEDULES = (ScheduleSeq1F1B, ScheduleSeq1F1BZBV)
 _PROBE_RANKS = 2
 _PROBE_MICROBATCHES = 2
-_PROBE_SEGMENTS = (1, 2, 4, 8, 16)
 _WARMUP_STEPS = 2
 _STEPS = 15
 
@@ -68,8 +72,9 @@ def _probe_rank(
     hidden: tuple[int, int, int],
     dtype: torch.dtype,
     probes: list[tuple[int, int]],
-) -> list[list[float]]:
-    """Step every probe (schedule index, k) on this rank; each probe's step seconds."""
+) -> tuple[list[list[float]], list[tuple[int, float]]]:
+    """Step every probe (schedule index, k) on this rank: each probe's step seconds, and the
+    (segment length, seconds) of every compute call."""
     batch, seq_len, dim = hidden
     runs = [
         probe_pipeline(
@@ -87,14 +92,22 @@ def _probe_rank(
         for schedule_index, k in probes
     ]
     seconds: list[list[float]] = [[] for _ in probes]
+    calls: list[tuple[int, float]] = []
     for step in range(_WARMUP_STEPS + _STEPS):
         for pipeline, found in zip(runs, seconds):
             dist.barrier()
-            start = time.perf_counter()
-            pipeline.step()
-            if step >= _WARMUP_STEPS:
-                found.append(time.perf_counter() - start)
-    return seconds
+            with ComputeRecorder(pipeline.stages) as recorder:
+                start = time.perf_counter()
+                pipeline.step()
+                took = time.perf_counter() - start
+            if step < _WARMUP_STEPS:
+                continue
+            found.append(took)
+            plan = pipeline.schedule.segment_plan
+            for span in recorder.spans:
+                segment = Unit.of_chunk(span.chunk, plan.num_segments).segment
+                calls.append((plan.lengths[segment], span.end - span.start))
+    return seconds, calls
 
 
 def _stages_per_rank(schedule_cls: type) -> int:
@@ -121,15 +134,23 @@ def _critical_path(schedule_cls: type, seq_len: int, k: int) -> dict[str, float]
 
 
 def measure_runtime_overhead(
-    seq_len: int, dim: int, microbatch_size: int = 1, dtype: torch.dtype = torch.float32
+    seq_len: int,
+    dim: int,
+    microbatch_size: int = 1,
+    dtype: torch.dtype = torch.float32,
+    outside_calls: bool = False,
 ) -> RuntimeOverhead:
     """Fit :class:`RuntimeOverhead` to probes of the runtime on two local gloo ranks.
 
     The probes carry hidden states (``microbatch_size``, segment, ``dim``) in
     ``dtype`` on the CPU: the overhead of ranks that compute on the host.
+    ``outside_calls`` leaves out what the runtime spends inside the stages'
+    compute calls (torch's and the unit scope's bookkeeping around the
+    compute), fitted to the probes' calls the same way: units timed as whole
+    calls inside pipeline steps (:mod:`.pipeline_units`) already hold it.
     """
     probes = [
-        (s, k) for s in range(len(_PROBE_SCHEDULES)) for k in _PROBE_SEGMENTS if k <= seq_len
+        (s, k) for s in range(len(_PROBE_SCHEDULES)) for k in PROBED_SEGMENT_COUNTS if k <= seq_len
     ]
     per_rank = run_ranks(
         _probe_rank, _PROBE_RANKS, (microbatch_size, seq_len, dim), dtype, probes, timeout=600
@@ -137,8 +158,25 @@ def measure_runtime_overhead(
     columns: dict[str, list[float]] = {"per_action": [], "per_token": [], "per_step": []}
     seconds = []
     for i, (schedule_index, k) in enumerate(probes):
-        steps = zip(*(rank_runs[i] for rank_runs in per_rank))
+        steps = zip(*(rank_seconds[i] for rank_seconds, _ in per_rank))
         seconds.append(statistics.median(max(step) for step in steps))
         for term, value in _critical_path(_PROBE_SCHEDULES[schedule_index], seq_len, k).items():
             columns[term].append(value)
-    return RuntimeOverhead(**fit_nonnegative(columns, seconds))
+    overhead = RuntimeOverhead(**fit_nonnegative(columns, seconds))
+    if not outside_calls:
+        return overhead
+    return _without_calls(overhead, [call for _, calls in per_rank for call in calls])
+
+
+def _without_calls(overhead: RuntimeOverhead, calls: list[tuple[int, float]]) -> RuntimeOverhead:
+    """``overhead`` less a fit of ``per_action + per_token * length`` to the compute calls'
+    (segment length, seconds), each term kept at 0 or above."""
+    inside = fit_nonnegative(
+        {"per_action": [1.0] * len(calls), "per_token": [float(n) for n, _ in calls]},
+        [seconds for _, seconds in calls],
+    )
+    return RuntimeOverhead(
+        per_action=max(overhead.per_action - inside["per_action"], 0.0),
+        per_token=max(overhead.per_token - inside["per_token"], 0.0),
+        per_step=overhead.per_step,
+    )

@@ -35,6 +35,7 @@ from torchtitan_seq1f1b.segmenting.cost import check_span
 
 __all__ = [
     "KINDS",
+    "PROBED_SEGMENT_COUNTS",
     "RuntimeOverhead",
     "TimeModel",
     "UnitTime",
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 KINDS = ("F", "B", "I", "W")
+PROBED_SEGMENT_COUNTS = (1, 2, 4, 8, 16)
+"""Segments of the uniform plans every measurement runs (those up to the sequence length)."""
 
 
 def causal_pairs(length: int, end: int) -> int:
