@@ -72,9 +72,11 @@ def _probe_rank(
     hidden: tuple[int, int, int],
     dtype: torch.dtype,
     probes: list[tuple[int, int]],
+    record_calls: bool,
 ) -> tuple[list[list[float]], list[tuple[int, float]]]:
-    """Step every probe (schedule index, k) on this rank: each probe's step seconds, and the
-    (segment length, seconds) of every compute call."""
+    """Step every probe (schedule index, k) on this rank: each probe's step seconds, and, when
+    ``record_calls``, the (segment length, seconds) of every compute call (else none: the
+    recorder's wrappers would be timed as runtime)."""
     batch, seq_len, dim = hidden
     runs = [
         probe_pipeline(
@@ -96,7 +98,8 @@ def _probe_rank(
     for step in range(_WARMUP_STEPS + _STEPS):
         for pipeline, found in zip(runs, seconds):
             dist.barrier()
-            with ComputeRecorder(pipeline.stages) as recorder:
+            recorded = pipeline.stages if record_calls else []
+            with ComputeRecorder(recorded) as recorder:
                 start = time.perf_counter()
                 pipeline.step()
                 took = time.perf_counter() - start
@@ -153,7 +156,13 @@ def measure_runtime_overhead(
         (s, k) for s in range(len(_PROBE_SCHEDULES)) for k in PROBED_SEGMENT_COUNTS if k <= seq_len
     ]
     per_rank = run_ranks(
-        _probe_rank, _PROBE_RANKS, (microbatch_size, seq_len, dim), dtype, probes, timeout=600
+        _probe_rank,
+        _PROBE_RANKS,
+        (microbatch_size, seq_len, dim),
+        dtype,
+        probes,
+        outside_calls,
+        timeout=600,
     )
     columns: dict[str, list[float]] = {"per_action": [], "per_token": [], "per_step": []}
     seconds = []
