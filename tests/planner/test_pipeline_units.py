@@ -118,7 +118,10 @@ def test_residuals_are_relative_to_the_plans_time(monkeypatch):
     plans = [plan for *_, plan in samples]
     relative_to_plan = fit_unit_time([sample[:3] for sample in samples], scale=plans)
     relative_to_unit = fit_unit_time([sample[:3] for sample in samples])
-    assert model.block["F"] == relative_to_plan != relative_to_unit
+    for term in ("per_token", "per_pair", "per_unit", "per_prefix_pair"):
+        fitted, expected = getattr(model.block["F"], term), getattr(relative_to_plan, term)
+        assert fitted == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert relative_to_plan.per_token != pytest.approx(relative_to_unit.per_token, rel=1e-3)
     stage = times.last_stage["F"]
     left = [(n, e, t - 4 * model.block["F"](n, e)) for n, e, t, _ in stage]
     head = fit_unit_time(left, with_pairs=False, scale=[plan for *_, plan in stage])
