@@ -1,0 +1,41 @@
+"""Print the versions a stack imports; exit 1 unless they are the ones its name promises.
+
+    python .ci/versions.py torch=2.15.0 torchtitan=0.3.0
+    python .ci/versions.py torch=2.14.1 torchtitan=none
+
+A local build tag (``2.15.0+cu132``) matches its release (``2.15.0``); ``none``
+means the package must not be installed.
+"""
+
+import importlib.metadata
+import sys
+
+
+def installed(name: str) -> str:
+    if name == "torch":
+        import torch  # the version torch reports, not the metadata pip left behind
+
+        return torch.__version__
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def main(expected: list[str]) -> int:
+    wrong = []
+    for spec in expected:
+        name, want = spec.split("=")
+        got = installed(name)
+        print(f"stack: {name} {got}")
+        if got.split("+")[0] != want:
+            named = "no " + name if want == "none" else f"{name} {want}"
+            wrong.append(f"{name} {got}, where this stack is named for {named}")
+    if wrong:
+        print("stack: WRONG VERSIONS: " + "; ".join(wrong), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
