@@ -27,6 +27,7 @@ from torchtitan_seq1f1b.check.titan_runs import titan_release
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNERS = ("torchrun ", "python -m torchtitan_seq1f1b", "python -m pytest")
+SMOKE_SEQ_LEN = 256
 SET_UP = ("python3 -m venv", ". .venv", "pip install")
 
 
@@ -73,8 +74,9 @@ def smoke(command: str, scratch) -> list[str]:
 
     torchrun jobs: 2 steps into a scratch dump folder of their own, per
     command (one job's checkpoint would make the next resume from it); benchmark: --quick,
-    1 step, two schedules unless others are named; pytest: collection only
-    (running the suite from inside it would recurse).
+    1 step, two schedules unless others are named, the cached calibration; the plan
+    command: sequences of at most SMOKE_SEQ_LEN tokens; pytest: collection only (running
+    the suite from inside it would recurse).
     """
     argv = shlex.split(command, comments=True)
     if argv[0] == "torchrun":
@@ -95,6 +97,12 @@ def smoke(command: str, scratch) -> list[str]:
             argv[argv.index("--steps") + 1] = "1"
         argv += ["--steps", "1"] * ("--steps" not in argv) + ["--quick"] * ("--quick" not in argv)
         argv += ["--schedules", "1F1B", "Seq1F1B"] * ("--schedules" not in argv)
+        # The session's calibration of the --quick model serves every run (a refresh is
+        # tested in planner/test_planner.py).
+        argv = [arg for arg in argv if arg != "--recalibrate"]
+    if module == "torchtitan_seq1f1b.plan" and "--seq-len" in argv:
+        at = argv.index("--seq-len") + 1
+        argv[at] = str(min(int(argv[at]), SMOKE_SEQ_LEN))
     if module == "pytest":
         argv.append("--collect-only")
     return argv

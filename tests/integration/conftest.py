@@ -35,14 +35,16 @@ def seed_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def run(seed_checkpoint, tmp_path_factory):
-    """run(nproc, *args): a short training run from the seed checkpoint."""
+    """run(nproc, *args): a short training run from the seed checkpoint; it writes
+    checkpoints (at its last step, and at every ``--checkpoint.interval``) only with
+    ``saves=True``."""
 
-    def start(nproc, *args, name="run", **options):
+    def start(nproc, *args, name="run", saves=False, **options):
         return torchrun(
             tmp_path_factory.mktemp(name), nproc, *TEST_ARGS,
             "--checkpoint.enable",
             "--checkpoint.initial_load_path", str(seed_checkpoint),
-            "--checkpoint.interval", "1000",
+            *(("--checkpoint.interval", "1000") if saves else ("--checkpoint.load_only",)),
             *args,
             **options,
         )

@@ -229,7 +229,7 @@ def test_fsdp_tp_pp_on_8_processes_matches_fsdp_tp(run, fsdp_tp_unpipelined):
 
 
 def test_resume_continues_the_uninterrupted_run(run, tmp_path):
-    uninterrupted = run(2, "--checkpoint.interval", "3")
+    uninterrupted = run(2, "--checkpoint.interval", "3", saves=True)
     resumed = torchrun(
         tmp_path, 2, *TEST_ARGS,
         "--checkpoint.enable",

@@ -164,7 +164,7 @@ def test_tolerance_catches_broken_seq1f1b(run, unpipelined, broken):
 
 
 def test_resume_continues_the_uninterrupted_run(run, tmp_path):
-    uninterrupted = run(2, "--checkpoint.interval", "3", name="uninterrupted")
+    uninterrupted = run(2, "--checkpoint.interval", "3", name="uninterrupted", saves=True)
     resumed = torchrun(
         tmp_path, 2, *TEST_ARGS,
         "--checkpoint.folder", str(uninterrupted.dump_folder / "checkpoint"),
