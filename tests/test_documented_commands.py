@@ -27,8 +27,8 @@ from torchtitan_seq1f1b.check.titan_runs import titan_release
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNERS = ("torchrun ", "python -m torchtitan_seq1f1b", "python -m pytest")
-SMOKE_SEQ_LEN = 256
 SET_UP = ("python3 -m venv", ". .venv", "pip install")
+SMOKE_SEQ_LEN = 256
 
 
 def _without_set_up(line: str) -> str:
@@ -58,8 +58,9 @@ def documented_commands() -> list[str]:
         inline = [s for s in inline if s.startswith(RUNNERS[1]) and len(s.split()) > 3]
         for line in lines + inline:
             command = _without_set_up(line)
-            if command.startswith(RUNNERS) and _without_outputs(command) not in seen:
-                seen.add(_without_outputs(command))
+            key = _without_outputs(command)
+            if command.startswith(RUNNERS) and key not in seen:
+                seen.add(key)
                 commands.append(command)
     return commands
 
