@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Every private ``torch.distributed.pipelining`` API this package touches.
+"""Every private torch API this package touches.
 
 Seq1F1B rides on torch's pipeline runtime (action IR, lowering passes, stage
 send/receive machinery). Those pieces are private, so they are imported here
@@ -14,7 +14,9 @@ and nowhere else, and the torch versions they were tested against are pinned:
   functions are re-exported from here for the installed torch;
 - :mod:`.introspection`: hooks the benchmark and the simulator use to time
   torch's p2p waits and read torch's own schedule orders. Training never
-  imports it.
+  imports it;
+- :mod:`.dispatch_modes`: torch's Python dispatch modes, for the counters
+  and the CPU emulation of autograd's device threads.
 """
 
 import os

@@ -9,7 +9,8 @@
   :mod:`.choice`: what ``attention_backend`` selects ("auto" and forced).
 - one module per kernel: :mod:`.exact` (any device and dtype) with its
   :mod:`.cpu_kernel` and :mod:`.cuda_mem_efficient` paths, :mod:`.flash_attn`
-  (FlashAttention 2), :mod:`.torch_varlen` (torch's flash kernel).
+  (FlashAttention 2), :mod:`.torch_varlen` (torch's flash kernel);
+- :mod:`.saved_ops`: their forward ops, which op-level checkpointing saves.
 """
 
 from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
@@ -21,6 +22,7 @@ from torchtitan_seq1f1b.attention.choice import (
 )
 from torchtitan_seq1f1b.attention.exact import SDPABackend
 from torchtitan_seq1f1b.attention.flash_attn import FlashAttnBackend
+from torchtitan_seq1f1b.attention.saved_ops import attention_forward_ops
 from torchtitan_seq1f1b.attention.segment_aware import (
     bind_attention,
     bind_documents,
@@ -37,6 +39,7 @@ __all__ = [
     "SDPABackend",
     "SegmentAwareAttention",
     "TorchFlashBackend",
+    "attention_forward_ops",
     "bind_attention",
     "bind_documents",
     "check_backend",

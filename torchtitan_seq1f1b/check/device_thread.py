@@ -10,8 +10,9 @@ thread-locals. On CPU the engine runs on the calling thread, so a CPU test
 would pass where a GPU run fails. Routing ``torch.autograd.backward`` and
 ``torch.autograd.grad`` (which ``Tensor.backward`` and torch's pipeline
 stages call) through a new thread that the caller joins reproduces what CUDA
-does, including the caller blocking while backward runs. The tests and
-``python -m torchtitan_seq1f1b.check --device cpu`` use it.
+does, including the caller blocking while backward runs. Like autograd's
+device threads, the fresh thread inherits the caller's dispatch modes. The
+tests and ``python -m torchtitan_seq1f1b.check --device cpu`` use it.
 """
 
 import contextlib
@@ -22,6 +23,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from torchtitan_seq1f1b._torch_compat.dispatch_modes import current_dispatch_modes
+
 __all__ = ["backward_on_fresh_thread", "install"]
 
 
@@ -29,10 +32,14 @@ def _on_fresh_thread(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def run(*args, **kwargs):
         outcome: dict = {}
+        modes = current_dispatch_modes()
 
         def target():
             try:
-                outcome["value"] = fn(*args, **kwargs)
+                with contextlib.ExitStack() as inherited:
+                    for mode in modes:
+                        inherited.enter_context(mode)
+                    outcome["value"] = fn(*args, **kwargs)
             except BaseException as error:  # re-raised on the calling thread
                 outcome["error"] = error
 

@@ -165,14 +165,10 @@ def reference(case: Case, dtype: torch.dtype | None = None) -> dict:
     }
 
 
-def pipelined(
-    rank: int,
-    world_size: int,
-    case: Case,
-    loss_normalizer: float | None = None,
-    attention_backend: AttentionBackend | None = None,
-) -> dict:
-    """One training step and one eval() of ``case.schedule`` on this rank's stages.
+def build_schedule(
+    rank: int, world_size: int, case: Case, attention_backend: AttentionBackend | None = None
+) -> tuple[ScheduleSeq1F1B, list[TinyTransformer], list[int]]:
+    """``case.schedule`` over this rank's stages: (schedule, model parts, stage indices).
 
     Stages ``rank + c * world_size`` for each chunk c (loop placement), or
     ``rank`` and ``2 * world_size - 1 - rank`` for the V of Seq1F1BZBV. Every
@@ -203,14 +199,35 @@ def pipelined(
         positions_kwarg="positions",
         document_ids_kwarg="document_ids",
     )
-    schedule.loss_normalizer = loss_normalizer
+    return schedule, parts, indices
+
+
+def step_inputs(rank: int, case: Case, has_last: bool) -> tuple[tuple, dict]:
+    """What this rank passes to ``step()`` and ``eval()``: (args, kwargs)."""
+    device = case.rank_device(rank)
     tokens, target = case.batch(device)
     inputs = (tokens,) if rank == 0 else ()
-    documents = {"document_ids": case.document_ids(device)}  # on every rank
-    has_last = indices[-1] == num_stages - 1
+    # Document ids go to every rank.
+    kwargs = {"target": target if has_last else None, "document_ids": case.document_ids(device)}
+    return inputs, kwargs
+
+
+def pipelined(
+    rank: int,
+    world_size: int,
+    case: Case,
+    loss_normalizer: float | None = None,
+    attention_backend: AttentionBackend | None = None,
+) -> dict:
+    """One training step and one eval() of ``case.schedule`` on this rank's stages
+    (:func:`build_schedule`)."""
+    schedule, parts, indices = build_schedule(rank, world_size, case, attention_backend)
+    schedule.loss_normalizer = loss_normalizer
+    has_last = indices[-1] == world_size * case.stages_per_rank - 1
+    inputs, kwargs = step_inputs(rank, case, has_last)
     losses: list = []
     with backward_on_fresh_thread(case.device_thread), recorded_p2p_receives() as received:
-        schedule.step(*inputs, target=target if has_last else None, losses=losses, **documents)
+        schedule.step(*inputs, losses=losses, **kwargs)
     stores = [schedule.kv_stores[i] for i in indices]
     result = {
         "grads": {n: _host(p.grad) for part in parts for n, p in part.named_parameters()},
@@ -222,7 +239,7 @@ def pipelined(
         "recv_lens": [shape[1] for shape in received],
     }
     with torch.no_grad():
-        logits = schedule.eval(*inputs, target=target if has_last else None, **documents)
+        logits = schedule.eval(*inputs, **kwargs)
     result["logits"] = _host(logits) if has_last else None
     result["kv_left_after_eval"] = sum(len(store) for store in stores)
     return result

@@ -104,6 +104,7 @@ def torchrun(
     timeout: float = 400,
     extra_env: dict[str, str] | None = None,
     device_thread: bool = True,
+    launchers: tuple[str, ...] = (),
 ) -> Run:
     """``torchrun -m torchtitan.train`` on the debug config (or ``config``, see
     :func:`job_args`) plus ``args``, with
@@ -112,8 +113,14 @@ def torchrun(
 
     ``device_thread``: every backward on a fresh thread
     (:mod:`torchtitan_seq1f1b.check.device_thread`), as CUDA's autograd runs it.
+    ``launchers``: modules run outermost first, each running the next
+    (``python -m LAUNCHER MODULE ARGS...``).
     """
-    train = ["torchtitan_seq1f1b.check.device_thread"] * device_thread + ["torchtitan.train"]
+    train = [
+        *launchers,
+        *["torchtitan_seq1f1b.check.device_thread"] * device_thread,
+        "torchtitan.train",
+    ]
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc),

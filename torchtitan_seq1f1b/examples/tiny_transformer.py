@@ -22,6 +22,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from torchtitan_seq1f1b.attention import attention_forward_ops
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
@@ -137,12 +138,7 @@ class TinyTransformer(nn.Module):
         return part
 
 
-_SAVED_OPS = {
-    torch.ops.aten.mm.default,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-}
+_SAVED_OPS = {torch.ops.aten.mm.default} | attention_forward_ops()
 
 
 def _keep_matmuls_and_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:

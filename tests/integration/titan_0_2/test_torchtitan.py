@@ -25,6 +25,7 @@ from tests.harness import (
     TORCHTITAN_RTOL as RTOL,
     torchrun,
 )
+from tests.integration.attention_counts import counted_run
 from tests.integration.calibration_cache import (
     expected_recommendation,
     TIME_MODEL,
@@ -146,17 +147,36 @@ def test_pp4_with_validation_matches_unpipelined(run, unpipelined):
         assert validation[step] == pytest.approx(loss, rel=RTOL), step
 
 
+@pytest.fixture(scope="module")
+def uncheckpointed_counts(run, tmp_path_factory):
+    """Attention forwards per rank of the debug job without checkpointing."""
+    return counted_run(run, tmp_path_factory.mktemp("counts"), 2, name="uncheckpointed")[1]
+
+
 @pytest.mark.parametrize(
     "mode", [("selective", "2"), ("selective", "op"), ("full", "2")], ids="-".join
 )
-def test_activation_checkpointing_matches_unpipelined(run, unpipelined, mode):
+def test_activation_checkpointing_matches_unpipelined(
+    run, unpipelined, uncheckpointed_counts, tmp_path, mode
+):
+    """Exact under every mode; attention reruns in backward under full
+    checkpointing, for every second layer under "selective 2", and not at all
+    under op-level selective checkpointing, which saves it."""
     ac_mode, option = mode
-    seq1f1b = run(
-        2,
+    seq1f1b, counts = counted_run(
+        run, tmp_path, 2,
         "--activation_checkpoint.mode", ac_mode,
         "--activation_checkpoint.selective_ac_option", option,
     )
     assert_same_training(seq1f1b, unpipelined)
+    forwards = 6 * 2 * 4 + 1  # steps x microbatches x segments, and shape inference
+    for count, uncheckpointed in zip(counts, uncheckpointed_counts):
+        layers, remainder = divmod(uncheckpointed, forwards)
+        assert layers >= 1 and remainder == 0
+        # Layers whose attention reruns in backward ("2": every second block).
+        rerun = {"op": {0}, "full": {layers}, "2": {layers // 2, (layers + 1) // 2}}
+        per_forward = {layers + n for n in rerun["full" if ac_mode == "full" else option]}
+        assert count % forwards == 0 and count // forwards in per_forward
 
 
 @pytest.mark.parametrize("broken", ["segment_attention", "normalizer"])

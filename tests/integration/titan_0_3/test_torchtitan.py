@@ -28,6 +28,7 @@ from tests.harness import (
     TORCHTITAN_RTOL as RTOL,
     torchrun,
 )
+from tests.integration.attention_counts import counted_run
 from tests.integration.calibration_cache import (
     expected_recommendation,
     TIME_MODEL,
@@ -125,16 +126,30 @@ def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
         assert 0 < bubble < (p - 1) / (m * segments + p - 1)
 
 
+@pytest.fixture(scope="module")
+def uncheckpointed_counts(run, tmp_path_factory):
+    """Attention forwards per rank of a Seq1F1B job without checkpointing."""
+    folder = tmp_path_factory.mktemp("counts")
+    return counted_run(run, folder, 2, *seq1f1b_args("Seq1F1B"), name="uncheckpointed")[1]
+
+
 @pytest.mark.parametrize(
     "schedule,ac",
     [("Seq1F1B", "activation_checkpoint:selective"), ("Seq1F1BZBV", "activation_checkpoint:full")],
 )
-def test_activation_checkpointing_matches_unpipelined(run, unpipelined, schedule, ac):
+def test_activation_checkpointing_matches_unpipelined(
+    run, unpipelined, uncheckpointed_counts, tmp_path, schedule, ac
+):
     """Recompute during backward (and, for the split backward, during input- and
-    weight-gradient steps) sees the same segments and documents as the forward."""
-    seq1f1b = run(2, *seq1f1b_args(schedule), ac, name=f"{schedule}_ac")
+    weight-gradient steps) sees the same segments and documents as the forward.
+    Op-level selective checkpointing saves attention: it runs as often as
+    without checkpointing."""
+    seq1f1b, counts = counted_run(run, tmp_path, 2, *seq1f1b_args(schedule), ac,
+                                  name=f"{schedule}_ac")
     assert "activation checkpointing to the model" in seq1f1b.output
     assert_same_training(seq1f1b, unpipelined)
+    if schedule == "Seq1F1B":
+        assert counts == uncheckpointed_counts
 
 
 def test_fsdp_pp_matches_fsdp(run, fsdp_unpipelined):

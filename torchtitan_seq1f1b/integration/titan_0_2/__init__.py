@@ -13,6 +13,8 @@
   "Seq1F1BZeroBubble" and "Seq1F1BZBV" still goes to torchtitan's own)
   and a metrics processor with Seq1F1B's figures;
 - the trainer hands its global valid-token count to the schedule;
+- op-level selective checkpointing saves the attention backends' forward ops
+  (llama3's save list), rather than rerunning attention in backward;
 - the shipped dataset is registered, and a TOML's repo-relative path to the
   shipped tokenizer also works from an installed package;
 - on a machine without an accelerator, torchtitan runs on CPU with gloo, and
@@ -25,8 +27,10 @@ import dataclasses
 
 from torchtitan.components.tokenizer import build_hf_tokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
+from torchtitan.models.llama3.infra import parallelize as llama3_parallelize
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
+from torchtitan_seq1f1b.attention import attention_forward_ops
 from torchtitan_seq1f1b.data import register_datasets, resolve_hf_assets_path
 from torchtitan_seq1f1b.integration.cpu import enable_cpu_training
 from torchtitan_seq1f1b.integration.titan_0_2.attention import parallelize_with_document_ids
@@ -55,6 +59,7 @@ def install() -> None:
     install_config_checks()
     on_cpu = enable_cpu_training(DEVICE_CONSUMERS)
     register_datasets()
+    llama3_parallelize._op_sac_save_list.update(attention_forward_ops())
     for name in MODEL_NAMES:
         spec = original = get_train_spec(name)
         if spec.pipelining_fn is not pipeline_llm_seq1f1b:

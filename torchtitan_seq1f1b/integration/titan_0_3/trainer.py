@@ -12,6 +12,8 @@ Before the base trainer initialises anything, every rank checks the config
 the attention of an unpipelined model, or of one under torch's schedules,
 becomes the segment-aware one too (torchtitan's flex and varlen attention
 cannot train on CPU), so such a run computes the same math as a Seq1F1B one.
+Op-level selective checkpointing saves the attention backends' forward ops
+(:mod:`.checkpointing`).
 With a :class:`~.metrics.Seq1F1BMetricsProcessor`, Seq1F1B jobs log the
 segment plan, the K/V store peak and the bubble estimate, and end with the
 run summary (on the recall corpus: the loss next to the lowest loss a model
@@ -30,6 +32,7 @@ from torchtitan.trainer import Trainer
 from torchtitan_seq1f1b.integration.metrics import Seq1F1BFigures
 from torchtitan_seq1f1b.integration.summary import JobFacts, run_summary
 from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
+from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
@@ -50,6 +53,7 @@ class Seq1F1BTrainer(Trainer):
 
     def __init__(self, config: Config):
         check_config(config)
+        config.activation_checkpoint = saving_attention(config.activation_checkpoint)
         spec = config.model_spec
         options = config.seq1f1b
         parallelize_fn = spec.parallelize_fn

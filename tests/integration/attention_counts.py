@@ -1,0 +1,43 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Attention forward ops counted in each rank of a torchtitan job.
+
+``python -m tests.integration.attention_counts MODULE ARGS...`` runs MODULE as
+``__main__`` (under torchrun, the next launcher or torchtitan.train) with an
+:class:`~torchtitan_seq1f1b.check.counters.AttentionForwardCounter` pushed on
+the training thread, and writes the rank's count to ``$SEQ1F1B_ATTENTION_COUNTS/<RANK>``.
+
+Over S steps of U units a rank runs S * U unit forwards, and one more on the
+first step for torch's shape inference; holding L attention layers of which R
+rerun their attention in backward, it counts ``(L + R) * (S * U + 1)``.
+"""
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from torchtitan_seq1f1b.check.counters import AttentionForwardCounter
+
+COUNTS_ENV = "SEQ1F1B_ATTENTION_COUNTS"
+
+
+def counted_run(run, folder: Path, nproc: int, *args, **options) -> tuple[object, list[int]]:
+    """``run(nproc, *args, **options)`` under the counter: (the run, each rank's count)."""
+    job = run(
+        nproc, *args,
+        launchers=(__name__,), extra_env={COUNTS_ENV: str(folder)}, **options,
+    )
+    return job, [int((folder / str(rank)).read_text()) for rank in range(nproc)]
+
+
+if __name__ == "__main__":
+    counter = AttentionForwardCounter()
+    module = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    try:
+        with counter:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        Path(os.environ[COUNTS_ENV], os.environ["RANK"]).write_text(str(counter.count))

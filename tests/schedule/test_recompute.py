@@ -1,0 +1,96 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""How often attention runs in a pipelined step, per checkpointing mode.
+
+A dispatch mode pushed on each rank's training thread counts the attention
+forward ops of a second training step (the first also runs torch's shape
+inference), with backward on a fresh thread, which inherits the mode as
+autograd's device threads do. Per rank, with U units (microbatches x
+segments) and L attention layers:
+
+- no checkpointing and op-level selective checkpointing, which saves
+  attention: U * L in the step;
+- full checkpointing: every layer's attention again in backward, 2 * U * L;
+- layer-level selective checkpointing: again for the checkpointed layers only.
+
+The counted step's gradients are also compared with the unsplit reference.
+"""
+
+import pytest
+import torch
+
+from torchtitan_seq1f1b.check.counters import AttentionForwardCounter
+from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
+from torchtitan_seq1f1b.check.exactness import build_schedule, step_inputs
+
+from tests.harness import Case, reference, run_ranks
+
+RTOL, ATOL = 1e-10, 1e-14
+WORLD_SIZE = 2
+DOCUMENTS = ((4, 13, 2, 11), (30,), (1,) * 30)
+CASES = [
+    *(Case(2, (12, 10, 8), n_kv_heads=2, activation_checkpoint=mode)
+      for mode in ("none", "selective_op", "full", "selective_layer")),
+    *(Case(2, (12, 10, 8), n_kv_heads=2, activation_checkpoint=mode, documents=DOCUMENTS)
+      for mode in ("selective_op", "full")),
+    *(Case(1, (16, 14), schedule="InterleavedSeq1F1B", stages_per_rank=2,
+           activation_checkpoint=mode)
+      for mode in ("selective_op", "full")),
+]
+
+
+def _second_step_counted(rank: int, world_size: int, case: Case) -> tuple[int, dict]:
+    schedule, parts, indices = build_schedule(rank, world_size, case)
+    inputs, kwargs = step_inputs(rank, case, indices[-1] == world_size * case.stages_per_rank - 1)
+    with backward_on_fresh_thread(case.device_thread):
+        schedule.step(*inputs, **kwargs)
+        for part in parts:
+            part.zero_grad(set_to_none=True)
+        with AttentionForwardCounter() as counter:
+            schedule.step(*inputs, **kwargs)
+    return counter.count, {n: p.grad for part in parts for n, p in part.named_parameters()}
+
+
+def _counted_cases(rank: int, world_size: int, cases: list[Case]) -> list[tuple[int, dict]]:
+    return [_second_step_counted(rank, world_size, case) for case in cases]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    per_rank = run_ranks(_counted_cases, WORLD_SIZE, CASES, timeout=600)
+    return {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
+
+
+def _layers_of_rank(case: Case, rank: int) -> list[int]:
+    """The attention layers rank ``rank`` holds (stages ``rank + c * WORLD_SIZE``)."""
+    stages = WORLD_SIZE * case.stages_per_rank
+    layers = []
+    for stage in range(rank, stages, WORLD_SIZE):
+        layers += range(round(stage * case.n_layers / stages),
+                        round((stage + 1) * case.n_layers / stages))
+    return layers
+
+
+def _recomputed(case: Case, layers: list[int]) -> int:
+    if case.activation_checkpoint == "full":
+        return len(layers)
+    if case.activation_checkpoint == "selective_layer":
+        return sum(layer % 2 == 0 for layer in layers)
+    return 0
+
+
+@pytest.mark.parametrize(
+    "case", CASES,
+    ids=lambda c: f"{c.schedule}-{c.activation_checkpoint}{'-documents' if c.documents else ''}",
+)
+def test_attention_runs_once_per_unit_and_layer_unless_recomputed(runs, case):
+    units = case.n_microbatches * len(case.lengths)
+    for rank, (count, _) in enumerate(runs[case]):
+        layers = _layers_of_rank(case, rank)
+        assert count == units * (len(layers) + _recomputed(case, layers)), f"rank {rank}"
+    ref = reference(case)
+    grads = {name: g for _, rank in runs[case] for name, g in rank.items()}
+    assert grads.keys() == ref["grads"].keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref["grads"][name], rtol=RTOL, atol=ATOL, msg=name)
