@@ -228,12 +228,16 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
       it) to the end of the sequence, two (microbatch_size, ., n_kv_heads, head_dim)
       tensors in the model's dtype;
     - from the first backward of a segment that reads back (whose prefix
-      gradients must wait for earlier segments): dK and dV from that same
-      position to ``offsets[-1]``, two tensors in fp32 or wider.
+      gradients must wait for earlier segments) until the backward of the
+      last segment starting at or before that position (segment 0 for causal
+      attention), layer by layer: dK and dV from that same position to
+      ``offsets[-1]``, two tensors in fp32 or wider.
 
     A unit's backward is its B step, or its I step -- except on the first
     stage, where torch runs the whole backward in the W step; K/V go after
-    segment 0's B or W step.
+    segment 0's B or W step. The store records its peak after each layer's
+    backward, so in the backward that drops them the first layer's gradients
+    are already gone.
     """
     args = case.model_args
     plan = case.plan
@@ -257,6 +261,7 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
         2 * n_layers * per_token * max(plan.offsets[-1] - lo, 0) * grad_dtype.itemsize
         for lo in low
     ]
+    bank_until = [max(j for j, start in enumerate(plan.offsets) if start <= lo) for lo in low]
     with_kv, with_bank = set(), set()
     peak = 0
     for action in (a for actions in order.values() for a in actions if a.stage == stage_index):
@@ -269,10 +274,12 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
         elif runs_backward and reads[microbatch][segment] is not None:
             with_bank.add(microbatch)
         held = sum(kv_bytes[i] for i in with_kv) + sum(bank_bytes[i] for i in with_bank)
+        if runs_backward and segment == bank_until[microbatch] and microbatch in with_bank:
+            held -= bank_bytes[microbatch] // n_layers
+            with_bank.discard(microbatch)
         peak = max(peak, held)
         if action.kind in "BW" and segment == 0:
             with_kv.discard(microbatch)
-            with_bank.discard(microbatch)
     return peak
 
 

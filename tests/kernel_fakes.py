@@ -89,7 +89,7 @@ class FakeFlashAttnFunc(_Recorder):
         assert causal is True, "Seq1F1B attention must pass causal=True"
         assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
         _check_dense(q, k, v, seq_dim=1)
-        self.record(q, k, v, seq_dim=1, scale=softmax_scale)
+        self.record(q, k, v, seq_dim=1, scale=softmax_scale, deterministic=deterministic)
         return naive_attention(q, k, v, softmax_scale)
 
 
@@ -131,7 +131,10 @@ class FakeFlashAttnVarlenFunc(_Recorder):
         assert causal is True, "Seq1F1B attention must pass causal=True"
         assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
         _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        self.record(q, k, v, seq_dim=0, scale=softmax_scale, sequences=len(cu_seqlens_q) - 1)
+        self.record(
+            q, k, v, seq_dim=0, scale=softmax_scale, sequences=len(cu_seqlens_q) - 1,
+            deterministic=deterministic,
+        )
         return _naive_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
 
 
@@ -148,6 +151,8 @@ class FakeTorchVarlenAttn(_Recorder):
         assert window_size == (-1, 0), "causal attention is window_size=(-1, 0)"
         assert return_aux is None and seqused_k is None and block_table is None
         assert enable_gqa or query.shape[1] == key.shape[1], "enable_gqa for grouped K/V"
+        # One tensor for both would make torch 2.15 pick cuDNN, which aligns top-left.
+        assert cu_seq_q is not cu_seq_k, "cu_seq_q and cu_seq_k are distinct tensors"
         _check_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
         self.record(query, key, value, seq_dim=0, scale=scale, sequences=len(cu_seq_q) - 1)
         return _naive_varlen(query, key, value, cu_seq_q, cu_seq_k, scale)

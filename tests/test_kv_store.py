@@ -1,18 +1,20 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The per-microbatch K/V store: idempotent writes, freeing, ordering, byte accounting."""
+"""The per-microbatch K/V store: idempotent writes, freeing, ordering, byte accounting,
+and the ops its gradient banking dispatches."""
 
 import re
 
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
-from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
+from torchtitan_seq1f1b.kv_store import _PrefixBuffers, KVStore, RunningUnit
 
 from tests.harness import (
     assert_close,
@@ -155,3 +157,59 @@ def test_attention_outside_unit_leaves_store_alone():
     (q, k, v), _ = attention_inputs(1, 4, 4, plan.seq_len, seed=43)
     out = SegmentAwareAttention("sdpa")(q, k, v)
     assert out.shape == q.shape and len(store) == 0
+
+
+class _Ops(TorchDispatchMode):
+    """Names of the non-view ops dispatched inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "key_starts,low",
+    [((0, 0, 0), 0), ((0, 2, 5), 2)],  # causal; documents whose keys start at 0, 2 and 5
+    ids=["causal", "documents"],
+)
+def test_banking_runs_two_ops_per_tensor_and_frees_after_segment_0(dtype, key_starts, low):
+    """Per backward unit and layer, dK and dV each take one add into the bank (the prefix's
+    gradients and the own positions' banked ones) and one copy back; the bank is opened
+    without zero-filling what its first write covers, and dropped after segment 0."""
+    lengths = (4, 3, 3)
+    starts = (0, 4, 7)
+    buffers = _PrefixBuffers(torch.zeros(2, 10, 2, 8, dtype=dtype), low, 10, starts[-1])
+    gen = torch.Generator().manual_seed(7)
+    grads = [
+        [torch.randn(2, s + n - ks, 2, 8, generator=gen, dtype=torch.float64).to(dtype)
+         for _ in "kv"]
+        for ks, s, n in zip(key_starts, starts, lengths)
+    ]
+    ops, own = {}, {}
+    for j in reversed(range(3)):
+        grad_k, grad_v = (g.clone() for g in grads[j])
+        with _Ops() as counted:
+            own[j] = buffers.take_grads(
+                key_starts[j], starts[j], starts[j] + lengths[j], grad_k, grad_v
+            )
+        ops[j] = counted.names
+    first_write = ["empty", "empty", *["zero_"] * (key_starts[2] > low) * 2, "copy_", "copy_"]
+    assert ops == {2: first_write, 1: ["add_", "copy_"] * 2, 0: ["add_", "copy_"] * 2}
+    assert buffers.grad_k is None and buffers.grad_v is None
+    for j in range(3):
+        for t in range(2):  # k, v
+            expected = []
+            for pos in range(starts[j], starts[j] + lengths[j]):
+                parts = [grads[i][t][:, pos - key_starts[i]] for i in reversed(range(j, 3))
+                         if key_starts[i] <= pos and (i == j or low <= pos < starts[-1])]
+                total = parts[0].float() if dtype == torch.bfloat16 else parts[0]
+                for part in parts[1:]:
+                    total = total + part
+                expected.append(total.to(dtype))
+            assert torch.equal(own[j][t], torch.stack(expected, dim=1)), (j, t)

@@ -81,42 +81,53 @@ class _PrefixBuffers:
         """K and V of positions ``[key_start, end)``, all at or after ``low``."""
         return self.k[:, key_start - self.low : end - self.low], self.v[:, key_start - self.low : end - self.low]
 
-    def banked(self, start: int, end: int) -> tuple[slice, slice] | None:
-        """(bank slice, segment slice) of the banked gradients for ``[start, end)``."""
-        lo, hi = max(start, self.low), min(end, self.grad_end)
-        if self.grad_k is None or lo >= hi:
-            return None
-        return slice(lo - self.low, hi - self.low), slice(lo - start, hi - start)
-
     def take_grads(
         self, key_start: int, start: int, end: int, grad_k: torch.Tensor, grad_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Bank the prefix part of (grad_k, grad_v); return this segment's part.
 
         grad_k/grad_v: (batch, end - key_start, n_kv_heads, head_dim), gradients
-        of the keys ``[key_start, end)`` this segment attended to.
+        of the keys ``[key_start, end)`` this segment attended to. The returned
+        (batch, end - start, ...) part is a view of them, with what later
+        segments banked for these positions added in place.
         """
         own = start - key_start
-        own_k, own_v = grad_k[:, own:], grad_v[:, own:]
-        pending = self.banked(start, end)
-        if pending is not None:
-            # Later segments already attended to this slice: add what they left.
-            bank, mine = pending
-            own_k, own_v = own_k.clone(), own_v.clone()
-            own_k[:, mine] += self.grad_k[:, bank].to(own_k.dtype)
-            own_v[:, mine] += self.grad_v[:, bank].to(own_v.dtype)
-        if own > 0:
-            if self.grad_k is None:
-                # bf16/fp16 gradients are summed over up to k segments: keep fp32.
-                dtype = torch.promote_types(grad_k.dtype, torch.float32)
-                length = max(self.grad_end - self.low, 0)
-                shape = (grad_k.shape[0], length, *grad_k.shape[2:])
-                self.grad_k = torch.zeros(shape, dtype=dtype, device=grad_k.device)
-                self.grad_v = torch.zeros(shape, dtype=dtype, device=grad_k.device)
-            bank = slice(key_start - self.low, start - self.low)
-            self.grad_k[:, bank] += grad_k[:, :own]
-            self.grad_v[:, bank] += grad_v[:, :own]
-        return own_k, own_v
+        # Bank positions [key_start, reach): the prefix, and the own positions
+        # later segments banked gradients for (up to grad_end).
+        reach = max(min(end, self.grad_end), start)
+        if self.grad_k is None:
+            if own > 0:
+                self._open_bank(grad_k, key_start, start)
+                for bank, grad in ((self.grad_k, grad_k), (self.grad_v, grad_v)):
+                    bank[:, key_start - self.low : start - self.low].copy_(grad[:, :own])
+        elif reach > max(key_start, self.low):
+            # One pass per tensor: the prefix's gradients go into the bank and,
+            # summed in the bank's precision, the own positions' come back.
+            lo, own_lo = max(key_start, self.low), max(start, self.low)
+            for bank, grad in ((self.grad_k, grad_k), (self.grad_v, grad_v)):
+                banked = bank[:, lo - self.low : reach - self.low]
+                banked += grad[:, lo - key_start : reach - key_start]
+                if reach > own_lo:
+                    grad[:, own_lo - key_start : reach - key_start].copy_(banked[:, own_lo - lo :])
+        if start <= self.low:
+            # No earlier segment reads the bank: it goes before the microbatch's W steps.
+            self.grad_k = self.grad_v = None
+        return grad_k[:, own:], grad_v[:, own:]
+
+    def _open_bank(self, like: torch.Tensor, first: int, stop: int) -> None:
+        """fp32 (or wider) banks for positions ``[low, grad_end)``; the first write
+        fills ``[first, stop)``, so only the rest starts at zero."""
+        # bf16/fp16 gradients are summed over up to k segments: keep fp32.
+        dtype = like.dtype if like.dtype.itemsize >= 4 else torch.float32
+        length = max(self.grad_end - self.low, 0)
+        shape = (like.shape[0], length, *like.shape[2:])
+        self.grad_k = torch.empty(shape, dtype=dtype, device=like.device)
+        self.grad_v = torch.empty(shape, dtype=dtype, device=like.device)
+        for bank in (self.grad_k, self.grad_v):
+            if first > self.low:
+                bank[:, : first - self.low].zero_()
+            if stop < self.grad_end:
+                bank[:, stop - self.low :].zero_()
 
 
 class _AttachToPrefix(torch.autograd.Function):

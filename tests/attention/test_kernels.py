@@ -24,15 +24,19 @@ from torchtitan_seq1f1b.attention import (
     TorchFlashBackend,
 )
 from torchtitan_seq1f1b.attention.choice import _auto_choice
+from torchtitan_seq1f1b.attention.cuda_mem_efficient import mem_efficient_requirements
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
+from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.kernel_fakes import (
     FakeEfficientAttentionOps,
     FakeFlashAttnFunc,
     FakeTorchFlashOps,
+    FakeTorchVarlenAttn,
     naive_attention,
     stand_in_backend,
 )
-from tests.harness import assert_close, BACKEND_CASES, backend_inputs, output_and_grads
+from tests.harness import assert_close, BACKEND_CASES, backend_inputs, output_and_grads, randn
 
 CUDA = torch.device("cuda", 0)
 
@@ -123,6 +127,11 @@ def test_stand_ins_enforce_their_contracts():
         ops._efficient_attention_forward(q, k, v, None, None, None, None, None, 0.0, 1)
     with pytest.raises(AssertionError, match="equal head counts"):
         ops._efficient_attention_forward(q, k[:, :, :2], v[:, :, :2], None, None, None, None, None, 0.0, 2)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    packed = q[0], k[0], v[0]
+    FakeTorchVarlenAttn()(*packed, cu, cu.clone(), 6, 6, window_size=(-1, 0))
+    with pytest.raises(AssertionError, match="distinct tensors"):  # cuDNN would align top-left
+        FakeTorchVarlenAttn()(*packed, cu, cu, 6, 6, window_size=(-1, 0))
 
 
 # ---- which kernel runs where -------------------------------------------------------
@@ -159,6 +168,11 @@ AUTO_CHOICES = [
     ((8, 0), torch.float16, 64, False, "varlen"),
     ((8, 6), torch.bfloat16, 256, True, "flash"),
     ((8, 6), torch.bfloat16, 256, False, "sdpa"),  # torch's flash backward: <= 192 on sm86
+    ((8, 7), torch.bfloat16, 256, False, "sdpa"),  # ... sm86-89 and sm120/121
+    ((12, 0), torch.bfloat16, 256, False, "sdpa"),
+    ((12, 1), torch.bfloat16, 224, False, "sdpa"),
+    ((12, 0), torch.bfloat16, 192, False, "varlen"),
+    ((10, 0), torch.bfloat16, 256, False, "varlen"),
     ((8, 0), torch.bfloat16, 320, True, "sdpa"),  # head_dim > 256
     ((8, 0), torch.bfloat16, 100, True, "sdpa"),  # not a multiple of 8: padding would copy
     ((7, 5), torch.float16, 128, True, "sdpa"),  # Turing: no FlashAttention 2
@@ -195,7 +209,7 @@ def test_auto_on_cpu_is_the_exact_path():
         ("flash", (8, 0), torch.bfloat16, 64, False, "pip install 'torchtitan-seq1f1b[flash]'"),
         ("flash", (7, 5), torch.float16, 64, True, "compute capability >= 8.0"),
         ("varlen", (9, 0), torch.float32, 64, False, "fp16 or bf16 activations (found torch.float32)"),
-        ("varlen", (8, 9), torch.bfloat16, 256, False, "head_dim <= 192 on sm86/sm89"),
+        ("varlen", (8, 9), torch.bfloat16, 256, False, "head_dim <= 192 on sm86-89 and sm120"),
         ("varlen", (9, 0), torch.bfloat16, 96 + 4, False, "head_dim a multiple of 8 and <= 256"),
     ],
 )
@@ -214,6 +228,34 @@ def test_forced_backend_names_what_it_needs(
     assert "attention_backend='auto'" in message
     if cap is None:  # installing flash-attn would not help on a CPU
         assert "pip install" not in message
+
+
+def test_rocm_does_not_take_the_memory_efficient_path(capability, monkeypatch):
+    """ROCm's memory-efficient backward rejects the bottom-right mask type (2)."""
+    target = KernelTarget(CUDA, torch.bfloat16, 128)
+    assert mem_efficient_requirements(target) == []
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    (unmet,) = mem_efficient_requirements(target)
+    assert "not ROCm" in unmet
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("documents", [False, True], ids=["dense", "varlen"])
+def test_flash_attn_is_told_torchs_deterministic_setting(deterministic, documents):
+    backend, dense = stand_in_backend("flash")
+    fake = backend.varlen_fake if documents else dense
+    # segment 1 (positions 6-9) of a row whose second document starts at 3
+    layout = MicrobatchDocuments(torch.tensor([[0] * 3 + [1] * 7]), SegmentPlan.from_lengths((6, 4)))
+    layout = layout.segment(1) if documents else None
+    keys = 7 if documents else 10
+    q, k, v = (randn(1, n, 2, 8, seed=n + i) for i, n in enumerate((4, keys, keys)))
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        backend(q, k, v, None, layout)
+    finally:
+        torch.use_deterministic_algorithms(saved)
+    assert fake.calls and all(c["deterministic"] is deterministic for c in fake.calls)
 
 
 def test_forced_backend_that_runs_is_returned(capability, flash_attn_installed):

@@ -9,8 +9,9 @@
 the training thread, and writes the rank's count to ``$SEQ1F1B_ATTENTION_COUNTS/<RANK>``.
 
 Over S steps of U units a rank runs S * U unit forwards, and one more on the
-first step for torch's shape inference; holding L attention layers of which R
-rerun their attention in backward, it counts ``(L + R) * (S * U + 1)``.
+first step for torch's shape inference: ``L * (S * U + 1)`` attention ops for
+L attention layers. R layers rerunning their attention in backward add
+``R * S * U`` (``R * (S * U + 1)`` where the shape-inference forward's reruns too).
 """
 
 import os

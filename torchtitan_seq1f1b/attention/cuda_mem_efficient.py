@@ -108,6 +108,9 @@ def mem_efficient_requirements(target: KernelTarget) -> list[str]:
     if target.device.type != "cuda":
         return [f"a CUDA device (this runs on {target.device.type})"]
     unmet = []
+    if torch.version.hip is not None:
+        # ROCm's backward (AOTriton) takes mask types 0 and 1, not bottom-right (2).
+        unmet.append("CUDA, not ROCm (its backward rejects the bottom-right causal mask)")
     capability = target.capability
     if capability < (5, 0):
         unmet.append(f"compute capability >= 5.0 (found {capability[0]}.{capability[1]})")

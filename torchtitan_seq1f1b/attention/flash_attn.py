@@ -6,6 +6,8 @@
 import importlib
 from collections.abc import Callable
 
+import torch
+
 from torchtitan_seq1f1b.attention.backend import (
     AttentionBackend,
     check_heads,
@@ -63,13 +65,18 @@ class FlashAttnBackend(AttentionBackend):
 
     def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)
+        # flash-attn's backward ignores torch's switch unless told.
+        deterministic = torch.are_deterministic_algorithms_enabled()
         if documents is None:
-            return self.kernel(q, k, v, dropout_p=0.0, softmax_scale=scale, causal=True)
+            return self.kernel(
+                q, k, v, dropout_p=0.0, softmax_scale=scale, causal=True,
+                deterministic=deterministic,
+            )
 
         def varlen(q_row, k_row, v_row, cu_q, cu_k, max_q, max_k):
             return self.varlen_kernel(
                 q_row, k_row, v_row, cu_q, cu_k, max_q, max_k,
-                dropout_p=0.0, softmax_scale=scale, causal=True,
+                dropout_p=0.0, softmax_scale=scale, causal=True, deterministic=deterministic,
             )
 
         return per_row_varlen(varlen, q, k, v, documents)

@@ -78,8 +78,13 @@ class TorchFlashBackend(AttentionBackend):
 
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         unmet = flash_kernel_requirements(target)
-        if target.capability in ((8, 6), (8, 9)) and target.head_dim > 192:
-            unmet.append("head_dim <= 192 on sm86/sm89 (torch's flash backward)")
+        capability = target.capability
+        # torch's own gate: its flash backward lacks head_dim > 192 on these.
+        small_smem = capability is not None and (
+            (8, 6) <= capability <= (8, 9) or capability in ((12, 0), (12, 1))
+        )
+        if small_smem and target.head_dim > 192:
+            unmet.append("head_dim <= 192 on sm86-89 and sm120/121 (torch's flash backward)")
         return unmet
 
     def __call__(self, q, k, v, scale, documents=None):
