@@ -178,15 +178,13 @@ class Case(exactness.Case):
 def pipelined(rank: int, world_size: int, case: Case, loss_normalizer: float | None = None) -> dict:
     """:func:`torchtitan_seq1f1b.check.exactness.pipelined`; through a stand-in
     kernel, the result also counts the attention calls that reached it
-    (``kernel_calls``, training step and eval; with packed documents, the
-    calls of the varlen stand-in where the adapter has one)."""
+    (``kernel_calls``, training step and eval, dense and varlen stand-ins together)."""
     if case.kernel == "exact":
         return exactness.pipelined(rank, world_size, case, loss_normalizer)
     backend, stand_in = stand_in_backend(case.kernel)
     result = exactness.pipelined(rank, world_size, case, loss_normalizer, backend)
     varlen = backend.varlen_fake
-    called = varlen if case.documents is not None and varlen is not None else stand_in
-    result["kernel_calls"] = len(called.calls)
+    result["kernel_calls"] = len(stand_in.calls) + (0 if varlen is None else len(varlen.calls))
     return result
 
 
@@ -347,7 +345,13 @@ def broken(what: str, case: Case) -> Iterator[None]:
             )
         )
     elif what == "document_mask":
-        patch = mock.patch.object(schedule_runtime, "MicrobatchDocuments", lambda ids, plan: None)
+        patch = contextlib.ExitStack()
+        patch.enter_context(
+            mock.patch.object(schedule_runtime, "MicrobatchDocuments", lambda *args: None)
+        )
+        patch.enter_context(
+            mock.patch.object(schedule_runtime, "upload_varlen_layouts", lambda *args: None)
+        )
     else:
         raise ValueError(f"unknown break {what!r}; choose one of {BREAKS}")
     with patch:

@@ -21,6 +21,7 @@ from torchtitan_seq1f1b.attention import (
     KernelTarget,
     TorchFlashBackend,
 )
+from torchtitan_seq1f1b.check.counters import HostTransferCounter
 from torchtitan_seq1f1b.check.kernels import reference_attention as naive_attention
 from torchtitan_seq1f1b.attention.backend import per_document
 from torchtitan_seq1f1b.attention.torch_varlen import (
@@ -38,6 +39,18 @@ __all__ = [
     "naive_attention",
     "stand_in_backend",
 ]
+
+
+def _on_device(method):
+    """A stand-in's checks and arithmetic are what a kernel does on the device:
+    no host transfer of the caller's is counted inside."""
+
+    @functools.wraps(method)
+    def inside(*args, **kwargs):
+        with HostTransferCounter.ignored():
+            return method(*args, **kwargs)
+
+    return inside
 
 
 def _naive_logsumexp(q, k, scale):
@@ -81,6 +94,7 @@ class FakeFlashAttnFunc(_Recorder):
     """``flash_attn.flash_attn_func`` (flash-attn 2): (B, L, H, D), any batch
     stride, causal bottom-right when Lq < Lk, GQA native."""
 
+    @_on_device
     def __call__(
         self, q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -108,6 +122,23 @@ def _check_varlen(q, k, v, cu_q, cu_k, max_q, max_k) -> None:
     q_lens, k_lens = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
     assert max_q >= max(q_lens) and max_k >= max(k_lens)
     assert all(kl >= ql for ql, kl in zip(q_lens, k_lens)), "a sequence's keys end with its queries"
+    return list(zip(q_lens, k_lens))
+
+
+def _unwritten_gaps(k, v, sequences) -> None:
+    """Key gradients of sequences without queries come back NaN: a kernel need
+    not write them (FlashAttention 2 writes zeros), so callers must not read them."""
+    first, gaps = 0, []
+    for q_len, k_len in sequences:
+        if q_len == 0:
+            gaps += range(first, first + k_len)
+        first += k_len
+    if not gaps:
+        return
+    rows = torch.tensor(gaps)
+    for x in (k, v):
+        if x.requires_grad:
+            x.register_hook(lambda grad: grad.index_fill(0, rows.to(grad.device), float("nan")))
 
 
 def _naive_varlen(q, k, v, cu_q, cu_k, scale):
@@ -123,6 +154,7 @@ class FakeFlashAttnVarlenFunc(_Recorder):
     """``flash_attn.flash_attn_varlen_func`` (flash-attn 2): packed (tokens, H, D),
     ``cu_seqlens`` int32, causal bottom-right per sequence, GQA native."""
 
+    @_on_device
     def __call__(
         self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
         softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -130,9 +162,12 @@ class FakeFlashAttnVarlenFunc(_Recorder):
     ):
         assert causal is True, "Seq1F1B attention must pass causal=True"
         assert dropout_p == 0.0 and window_size == (-1, -1) and not return_attn_probs
-        _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        sequences = _check_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        )
+        _unwritten_gaps(k, v, sequences)
         self.record(
-            q, k, v, seq_dim=0, scale=softmax_scale, sequences=len(cu_seqlens_q) - 1,
+            q, k, v, seq_dim=0, scale=softmax_scale, sequences=sequences,
             deterministic=deterministic,
         )
         return _naive_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
@@ -143,6 +178,7 @@ class FakeTorchVarlenAttn(_Recorder):
     ``cu_seq_q``/``cu_seq_k``; ``window_size=(-1, 0)`` is causal from the bottom
     right of each sequence; ``enable_gqa`` is required when head counts differ."""
 
+    @_on_device
     def __call__(
         self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
         scale=None, window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None,
@@ -153,8 +189,9 @@ class FakeTorchVarlenAttn(_Recorder):
         assert enable_gqa or query.shape[1] == key.shape[1], "enable_gqa for grouped K/V"
         # One tensor for both would make torch 2.15 pick cuDNN, which aligns top-left.
         assert cu_seq_q is not cu_seq_k, "cu_seq_q and cu_seq_k are distinct tensors"
-        _check_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
-        self.record(query, key, value, seq_dim=0, scale=scale, sequences=len(cu_seq_q) - 1)
+        sequences = _check_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
+        _unwritten_gaps(key, value, sequences)
+        self.record(query, key, value, seq_dim=0, scale=scale, sequences=sequences)
         return _naive_varlen(query, key, value, cu_seq_q, cu_seq_k, scale)
 
 
@@ -162,6 +199,7 @@ class FakeTorchFlashOps(_Recorder):
     """``torch.ops.aten._scaled_dot_product_flash_attention``: (B, H, L, D),
     ``is_causal`` bottom-right when Lq < Lk, GQA native, autograd built in."""
 
+    @_on_device
     def _scaled_dot_product_flash_attention(
         self, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False,
         *, scale=None,
@@ -178,6 +216,7 @@ class FakeEfficientAttentionOps(_Recorder):
     (B, L, H, D) with equal head counts, ``custom_mask_type`` 2 = causal from
     the bottom right; the caller owns autograd."""
 
+    @_on_device
     def _efficient_attention_forward(
         self, query, key, value, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, dropout_p, custom_mask_type, compute_log_sumexp=False, *,
@@ -195,6 +234,7 @@ class FakeEfficientAttentionOps(_Recorder):
         seed = offset = torch.zeros((), dtype=torch.int64)
         return out, lse, seed, offset, query.shape[1], key.shape[1]
 
+    @_on_device
     def _efficient_attention_backward(
         self, grad_out, query, key, value, bias, out, cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed, philox_offset,

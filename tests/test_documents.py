@@ -11,6 +11,8 @@ from torchtitan_seq1f1b.documents import (
     check_document_ids,
     document_starts,
     MicrobatchDocuments,
+    read_document_starts,
+    upload_varlen_layouts,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
@@ -40,9 +42,12 @@ def test_segment_layout_gives_each_document_its_queries_and_keys():
     assert middle.row_key_start == (3, 2)
     # row 0: document [3, 8) has queries 5..7 and keys 3..7
     assert middle.bounds_q[0] == (0, 3) and middle.bounds_k[0] == (0, 5)
-    cu_q, cu_k, max_q, max_k = middle.varlen_metadata(0, torch.device("cpu"))
-    assert cu_q.dtype == cu_k.dtype == torch.int32 and (max_q, max_k) == (3, 5)
     assert middle.key_offset(0) == 1 and middle.key_offset(1) == 0
+    # Keys read in place from a 12-token buffer: row 0's key 2 and the buffer
+    # between the rows' keys are sequences without queries.
+    assert middle.packed_lengths(12) == ([0, 3, 0, 3], [1, 5, 6, 6])
+    assert sum(middle.packed_lengths(12)[1]) == 12 + (8 - 2)
+    assert not middle.dense
     last = docs.segment(2)  # [8, 12): row 0's third document starts at 8
     assert last.bounds_q[0] == (0, 4) and last.bounds_k[0] == (0, 4)
     mask = last.key_mask()
@@ -65,8 +70,34 @@ def test_store_keeps_only_what_a_later_segment_reads_back():
         ([[0, 0, 1, 1]], "tensor"),
         (torch.zeros(1, 4), "integer tensor"),
         (torch.zeros(2, 3, dtype=torch.long), "shape"),
-        (torch.tensor([[0, 1, 1, 0]]), "decrease"),
     ],
 )
 def test_bad_ids_are_named(ids, match):
     assert match in check_document_ids(ids, 1 if not isinstance(ids, torch.Tensor) else ids.shape[0], 4)
+
+
+def test_document_starts_are_read_once_for_every_microbatch():
+    first, second = _ids((3, 5, 4), (12,)), _ids((1, 11))
+    assert read_document_starts([first, second]) == [[(0, 3, 8), (0,)], [(0, 1)]]
+    assert "decrease" in read_document_starts([first, torch.tensor([[0, 1, 1, 0] * 3])])
+
+
+def test_one_upload_gives_every_mixed_segment_its_packed_layout():
+    plan = SegmentPlan.from_lengths((5, 3, 4))
+    microbatches = [MicrobatchDocuments(_ids((3, 5, 4), (1, 1, 10)), plan),
+                    MicrobatchDocuments(_ids((12,), (12,)), plan)]
+    upload_varlen_layouts(microbatches, torch.device("cpu"))
+    mixed, single = microbatches
+    assert single.segment(1).dense and single.segment(1).varlen is None
+    layout = mixed.segment(1).varlen
+    assert layout.cu_seqlens_q is not layout.cu_seqlens_k
+    assert layout.cu_seqlens_q.dtype == torch.int32
+    # keep_from is 2 (row 1's document at 2 is read back), so store rows hold 10 tokens
+    assert layout.key_row_stride == 10 == mixed.key_row_stride(1)
+    assert layout.cu_seqlens_q.tolist() == [0, 0, 3, 3, 6]
+    assert layout.cu_seqlens_k.tolist() == [0, 1, 6, 10, 16]
+    assert (layout.max_seqlen_q, layout.max_seqlen_k) == (3, 6)
+    # both layouts come from one tensor: one host-to-device copy
+    assert layout.cu_seqlens_q.untyped_storage().data_ptr() == (
+        mixed.segment(2).varlen.cu_seqlens_k.untyped_storage().data_ptr()
+    )

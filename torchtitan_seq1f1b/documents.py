@@ -15,9 +15,16 @@ Under Seq1F1B a segment ``[start, end)`` therefore needs keys from
 ended before the segment starts are never read, and K/V that no later
 segment of the microbatch reads need not be kept for the next segments
 (:attr:`MicrobatchDocuments.keep_from`).
+
+Layouts are built on the host from where documents start, read from the
+device once per step for all microbatches (:func:`read_document_starts`);
+the varlen metadata of every segment goes back in one upload
+(:func:`upload_varlen_layouts`), shared by every layer and by recompute.
 """
 
+import bisect
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -26,16 +33,28 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = [
     "MicrobatchDocuments",
+    "PackedVarlen",
     "SegmentDocuments",
     "attention_pairs",
     "check_document_ids",
     "document_starts",
     "keys_per_query",
+    "read_document_starts",
+    "upload_varlen_layouts",
 ]
+
+_DECREASING = (
+    "document ids decrease along a row; ids must be non-decreasing "
+    "(e.g. the cumulative count of document starts)"
+)
 
 
 def check_document_ids(ids: object, batch: int, seq_len: int) -> str | None:
-    """Why ``ids`` cannot be a (batch, seq_len) document-id tensor, if it cannot."""
+    """Why ``ids`` cannot be a (batch, seq_len) document-id tensor, if it cannot.
+
+    Checks type, dtype and shape only, without reading the device; the order
+    of the ids is checked where they are read (:func:`read_document_starts`).
+    """
     if not isinstance(ids, torch.Tensor):
         return f"document ids must be a tensor, got {type(ids).__name__}"
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
@@ -45,12 +64,36 @@ def check_document_ids(ids: object, batch: int, seq_len: int) -> str | None:
             f"document ids have shape {tuple(ids.shape)}, expected (batch, seq_len) = "
             f"{(batch, seq_len)}, one id per token of the inputs"
         )
-    if seq_len > 1 and bool((ids[:, 1:] < ids[:, :-1]).any()):
-        return (
-            "document ids decrease along a row; ids must be non-decreasing "
-            "(e.g. the cumulative count of document starts)"
-        )
     return None
+
+
+RowStarts = tuple[int, ...]
+
+
+def read_document_starts(ids: Sequence[torch.Tensor]) -> list[list[RowStarts]] | str:
+    """Where documents start in each row of each (rows, seq_len) tensor, read in one go.
+
+    Returns, per tensor and row, the ascending positions where a document
+    starts (0 first), or why the ids are not non-decreasing. All tensors are
+    compared on their device and only the positions where ids change cross
+    to the host: one device read per call, whatever the rows and documents.
+    """
+    seq_len = ids[0].shape[-1]
+    rows = torch.cat([x.reshape(-1, seq_len) for x in ids])
+    step = rows[:, 1:] - rows[:, :-1]
+    # (row, position - 1, kind): kind 0 where a document starts, 1 where ids decrease.
+    changes = torch.stack((step != 0, step < 0), dim=-1).nonzero().tolist()
+    if any(kind for _, _, kind in changes):
+        return _DECREASING
+    starts: list[list[int]] = [[0] for _ in range(rows.shape[0])]
+    for row, position, _ in changes:
+        starts[row].append(position + 1)
+    out, first = [], 0
+    for x in ids:
+        count = x.numel() // max(seq_len, 1)
+        out.append([tuple(s) for s in starts[first : first + count]])
+        first += count
+    return out
 
 
 def document_starts(ids: torch.Tensor) -> torch.Tensor:
@@ -64,10 +107,13 @@ def document_starts(ids: torch.Tensor) -> torch.Tensor:
 def keys_per_query(ids: torch.Tensor) -> torch.Tensor:
     """(batch, seq_len) ids -> (batch, seq_len) int64: the keys each query sees, ``t - doc_start(t) + 1``.
 
-    Raises ValueError for ids :func:`check_document_ids` refuses.
+    Raises ValueError for ids :func:`check_document_ids` or
+    :func:`read_document_starts` refuses.
     """
     batch = ids.shape[0] if ids.dim() == 2 else -1
     error = check_document_ids(ids, batch, ids.shape[-1])
+    if error is None and isinstance(read_document_starts([ids]), str):
+        error = _DECREASING
     if error is not None:
         raise ValueError(error)
     positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
@@ -85,7 +131,31 @@ def attention_pairs(ids: torch.Tensor, start: int, end: int) -> int:
     return int((positions - doc_start + 1).sum())
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
+class PackedVarlen:
+    """One varlen call for a segment's rows, with keys read from a K/V buffer in place.
+
+    Queries are the rows' tokens back to back, (batch * Lq, ...). Keys are
+    the K/V view (batch, Lk, ...) read as one token sequence whose rows lie
+    ``key_row_stride`` tokens apart, (batch - 1) * key_row_stride + Lk
+    tokens: the buffer positions between two rows' keys form sequences with no
+    queries, whose key gradients the kernels write as zeros.
+
+    Attributes:
+        cu_seqlens_q, cu_seqlens_k: (sequences + 1,) int32 on the device,
+            distinct tensors.
+        max_seqlen_q, max_seqlen_k: the longest sequence's queries and keys.
+        key_row_stride: tokens between rows of the K/V the layout is for.
+    """
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    key_row_stride: int
+
+
+@dataclass(eq=False)
 class SegmentDocuments:
     """The document layout one segment's attention needs.
 
@@ -99,41 +169,49 @@ class SegmentDocuments:
     Attributes:
         start, end: the segment's positions.
         key_start: first key position any row's queries see.
-        query_doc_start: (batch, end - start) int64, absolute start of each
-            query's document.
         row_key_start: per row, the start of the document at ``start``.
         bounds_q, bounds_k: per row, cumulative query and key counts per document.
+        varlen: the packed layout for one varlen call, once uploaded.
     """
 
     start: int
     end: int
     key_start: int
-    query_doc_start: torch.Tensor
     row_key_start: tuple[int, ...]
     bounds_q: tuple[tuple[int, ...], ...]
     bounds_k: tuple[tuple[int, ...], ...]
+    microbatch: "MicrobatchDocuments" = field(repr=False)
+    varlen: PackedVarlen | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, doc_starts: torch.Tensor, start: int, end: int) -> "SegmentDocuments":
-        """From :func:`document_starts` of a microbatch (batch, seq_len)."""
-        query_doc_start = doc_starts[:, start:end]
-        rows = query_doc_start.tolist()  # one host sync per unit, shared by every layer
+    def of(
+        cls, row_starts: Sequence[RowStarts], start: int, end: int, microbatch: "MicrobatchDocuments"
+    ) -> "SegmentDocuments":
+        """From each row's document starts (host ints, ascending, 0 first)."""
         row_key_start, bounds_q, bounds_k = [], [], []
-        for row in rows:
-            # Query index where each document of the segment begins.
-            firsts = [0] + [i for i in range(1, len(row)) if row[i] != row[i - 1]]
-            key_base = row[0]
+        for starts in row_starts:
+            first = bisect.bisect_right(starts, start) - 1
+            inside = starts[first + 1 : bisect.bisect_left(starts, end)]
+            key_base = starts[first]
             row_key_start.append(key_base)
-            bounds_q.append(tuple(firsts) + (end - start,))
-            bounds_k.append((0, *(start + i - key_base for i in firsts[1:]), end - key_base))
+            bounds_q.append((0, *(s - start for s in inside), end - start))
+            bounds_k.append((0, *(s - key_base for s in inside), end - key_base))
         return cls(
             start=start,
             end=end,
             key_start=min(row_key_start),
-            query_doc_start=query_doc_start,
             row_key_start=tuple(row_key_start),
             bounds_q=tuple(bounds_q),
             bounds_k=tuple(bounds_k),
+            microbatch=microbatch,
+        )
+
+    @property
+    def dense(self) -> bool:
+        """Every row's queries lie in one document that starts at ``key_start``:
+        plain bottom-right causal attention over the keys ``[key_start, end)``."""
+        return all(len(b) == 2 for b in self.bounds_q) and all(
+            s == self.key_start for s in self.row_key_start
         )
 
     def key_offset(self, row: int) -> int:
@@ -147,25 +225,35 @@ class SegmentDocuments:
             (slice(q[d], q[d + 1]), slice(k[d], k[d + 1])) for d in range(len(q) - 1)
         ]
 
-    def varlen_metadata(self, row: int, device: torch.device) -> tuple:
-        """``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` of ``row``, int32."""
-        q, k = self.bounds_q[row], self.bounds_k[row]
-        return (
-            torch.tensor(q, dtype=torch.int32, device=device),
-            torch.tensor(k, dtype=torch.int32, device=device),
-            max(b - a for a, b in zip(q, q[1:])),
-            max(b - a for a, b in zip(k, k[1:])),
-        )
+    def packed_lengths(self, key_row_stride: int) -> tuple[list[int], list[int]]:
+        """Per sequence of the packed call, its query and key counts (see :class:`PackedVarlen`)."""
+        q_lens, k_lens, cursor = [], [], 0
+        for row, (q, k) in enumerate(zip(self.bounds_q, self.bounds_k)):
+            gap = row * key_row_stride + self.key_offset(row) - cursor
+            if gap:
+                q_lens.append(0)
+                k_lens.append(gap)
+            q_lens.extend(b - a for a, b in zip(q, q[1:]))
+            k_lens.extend(b - a for a, b in zip(k, k[1:]))
+            cursor = row * key_row_stride + self.end - self.key_start
+        return q_lens, k_lens
+
+    def upload_varlen(self, device: torch.device, key_row_stride: int) -> PackedVarlen:
+        """This segment's :class:`PackedVarlen` for keys ``key_row_stride`` tokens
+        apart, uploaded alone: for layouts :func:`upload_varlen_layouts` did not foresee."""
+        _upload([(self, key_row_stride)], device)
+        return self.varlen
 
     def key_mask(self) -> torch.Tensor:
         """(batch, 1, end - start, end - key_start) bool: which keys each query sees.
 
-        Built on demand from ``query_doc_start`` (O(queries) state), so a
-        kernel that needs a dense mask rebuilds it in backward instead of saving it.
+        Built on demand on the ids' device from each query's document start,
+        so a kernel that needs a dense mask rebuilds it in backward instead of saving it.
         """
-        keys = torch.arange(self.key_start, self.end, device=self.query_doc_start.device)
+        query_doc_start = self.microbatch.device_starts[:, self.start : self.end]
+        keys = torch.arange(self.key_start, self.end, device=query_doc_start.device)
         queries = torch.arange(self.start, self.end, device=keys.device)
-        own_document = keys[None, None, :] >= self.query_doc_start[:, :, None]
+        own_document = keys[None, None, :] >= query_doc_start[:, :, None]
         causal = keys[None, None, :] <= queries[None, :, None]
         return (own_document & causal)[:, None]
 
@@ -177,22 +265,33 @@ class MicrobatchDocuments:
     Args:
         ids: (batch, seq_len) document ids of the microbatch.
         plan: how its sequence is cut.
+        row_starts: per row, where documents start, as
+            :func:`read_document_starts` gives them; read from ``ids`` if None.
     """
 
     ids: torch.Tensor
     plan: SegmentPlan
-    _starts: torch.Tensor = field(init=False, repr=False)
+    row_starts: list[RowStarts] | None = None
     _segments: dict[int, SegmentDocuments] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._starts = document_starts(self.ids)
+        if self.row_starts is None:
+            starts = read_document_starts([self.ids])
+            if isinstance(starts, str):
+                raise ValueError(starts)
+            self.row_starts = starts[0]
 
     def segment(self, j: int) -> SegmentDocuments:
         if j not in self._segments:
             self._segments[j] = SegmentDocuments.of(
-                self._starts, self.plan.offsets[j], self.plan.ends[j]
+                self.row_starts, self.plan.offsets[j], self.plan.ends[j], self
             )
         return self._segments[j]
+
+    @functools.cached_property
+    def device_starts(self) -> torch.Tensor:
+        """(batch, seq_len) int64 on the ids' device: :func:`document_starts` of the ids."""
+        return document_starts(self.ids)
 
     @functools.cached_property
     def keep_from(self) -> int:
@@ -203,8 +302,59 @@ class MicrobatchDocuments:
         them, so the store never holds them. ``seq_len`` when nothing is read back.
         """
         reads = [
-            key_start
-            for key_start, start in ((int(self._starts[:, s].min()), s) for s in self.plan.offsets[1:])
-            if key_start < start
+            self.segment(j).key_start
+            for j in range(1, len(self.plan.lengths))
+            if self.segment(j).key_start < self.plan.offsets[j]
         ]
         return min(reads, default=self.plan.seq_len)
+
+    def key_row_stride(self, j: int) -> int:
+        """Tokens between rows of the keys segment ``j`` attends: the K/V
+        store's rows, or the segment's own K/V when it reads nothing back."""
+        segment = self.segment(j)
+        if segment.key_start >= self.keep_from:
+            return self.plan.seq_len - self.keep_from
+        return segment.end - segment.start
+
+
+def upload_varlen_layouts(microbatches: Sequence[MicrobatchDocuments], device: torch.device) -> None:
+    """Give every segment that is not :attr:`~SegmentDocuments.dense` its
+    :class:`PackedVarlen`, in one host-to-device copy for all of them."""
+    _upload(
+        [
+            (documents.segment(j), documents.key_row_stride(j))
+            for documents in microbatches
+            for j in range(len(documents.plan.lengths))
+            if not documents.segment(j).dense
+        ],
+        device,
+    )
+
+
+def _upload(segments: list[tuple[SegmentDocuments, int]], device: torch.device) -> None:
+    """Set each segment's ``varlen`` for its key row stride; on CUDA the one
+    copy leaves from pinned memory without blocking the host."""
+    if not segments:
+        return
+    lengths = [segment.packed_lengths(stride) for segment, stride in segments]
+    host = []
+    for q_lens, k_lens in lengths:
+        for lens in (q_lens, k_lens):
+            host.append(0)
+            for n in lens:
+                host.append(host[-1] + n)
+    packed = torch.tensor(host, dtype=torch.int32)
+    if device.type == "cuda":
+        packed = packed.pin_memory()
+    packed = packed.to(device, non_blocking=True)
+    offset = 0
+    for (segment, stride), (q_lens, k_lens) in zip(segments, lengths):
+        n = len(q_lens) + 1
+        segment.varlen = PackedVarlen(
+            cu_seqlens_q=packed[offset : offset + n],
+            cu_seqlens_k=packed[offset + n : offset + 2 * n],
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(k_lens),
+            key_row_stride=stride,
+        )
+        offset += 2 * n

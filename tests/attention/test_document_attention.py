@@ -29,6 +29,7 @@ LAYOUTS = {
     "crossing": ((3, 11, 10), (24,)),
     "short": ((2, 3, 1, 4, 2, 5, 3, 4), (1,) * 24),
     "aligned": ((10, 6, 8), (7, 17)),
+    "one per row": ((10, 14), (10, 14)),
 }
 PLANS = {"uneven": SegmentPlan.from_lengths((10, 6, 8)), "uniform": SegmentPlan.uniform(24, 4)}
 KINDS = ("sdpa", "flash", "varlen", "cuda_exact")
@@ -75,16 +76,32 @@ def test_segmented_matches_block_causal(kind, layout, plan_name, n_kv):
     assert len(store) == 0
     varlen = getattr(backend, "varlen_fake", None)
     if varlen is not None:
-        # one call per row and segment (recompute doubles them), each with only the
-        # keys from the row's first needed document on
-        starts = [[u - next(w for w in range(u + 1) if row[w] == row[u]) for u in range(len(row))]
-                  for row in ids.tolist()]
-        expected = [
-            end - (start - starts[row][start])
-            for start, end in zip(plan.offsets, plan.ends)
-            for row in range(2)
+        # One call per segment whose rows are not each one document from the
+        # same key, all rows together (recompute repeats the calls); its
+        # sequences with queries are each row's documents from the first needed one.
+        expected = [_row_documents(ids, start, end) for start, end in zip(plan.offsets, plan.ends)]
+        expected = [docs for docs in expected if not _dense(docs)]
+        calls = varlen.calls[: len(expected)]
+        assert [[s for s in c["sequences"] if s[0]] for c in calls] == [
+            [s for row in docs for s in row] for docs in expected
         ]
-        assert [c["k_len"] for c in varlen.calls[: len(expected)]] == expected
+
+
+def _row_documents(ids: torch.Tensor, start: int, end: int) -> list[list[tuple[int, int]]]:
+    """Per row, the (queries, keys) of each document meeting ``[start, end)``."""
+    rows = []
+    for row in ids.tolist():
+        docs = []
+        for doc in sorted(set(row)):
+            first, last = row.index(doc), len(row) - row[::-1].index(doc)
+            if first < end and last > start:
+                docs.append((min(last, end) - max(first, start), min(last, end) - first))
+        rows.append(docs)
+    return rows
+
+
+def _dense(rows: list[list[tuple[int, int]]]) -> bool:
+    return all(len(docs) == 1 for docs in rows) and len({docs[0][1] for docs in rows}) == 1
 
 
 def test_segmented_check_fails_without_documents():

@@ -3,6 +3,9 @@
 
 """Bad configurations fail early, clearly, and on every rank (never a hang)."""
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 from torch.distributed.pipelining import PipelineStage
@@ -151,3 +154,59 @@ def test_sequence_parallel_shards_scale_with_segment_length():
     assert scaled_seq_len(16, 16, 13) == 13
     with pytest.raises(ValueError, match="multiple of the sequence-parallel degree"):
         scaled_seq_len(8, 16, 13)
+
+
+def _second_step(rank, world_size, bad):
+    """A good first step, then ``bad`` at the second; returns the second
+    step's collectives when it is good."""
+    schedule = ScheduleSeq1F1B(
+        _stage(rank, world_size), 2, CASE.plan, loss_fn=token_sum_cross_entropy,
+        document_ids_kwarg="document_ids",
+    )
+    tokens, target = CASE.batch()
+    ids = torch.zeros(tokens.shape, dtype=torch.long)
+    ids[:, 7:] = 1
+
+    def step(tokens, ids):
+        schedule.step(
+            *((tokens,) if rank == 0 else ()),
+            target=target if rank == world_size - 1 else None,
+            document_ids=ids,
+        )
+
+    step(tokens, ids)
+    if bad == "document_ids":
+        ids[:, 9] = 0  # every rank gets ids that decrease
+    elif bad == "input" and rank == 0:
+        tokens = tokens.int()  # only the first stage holds the inputs
+    collectives = []
+    with contextlib.ExitStack() as counting:
+        for name in ("all_reduce", "all_gather_object", "broadcast", "barrier"):
+            real = getattr(torch.distributed, name)
+            counting.enter_context(mock.patch.object(
+                torch.distributed, name,
+                lambda *a, _real=real, _name=name, **k: collectives.append(_name) or _real(*a, **k),
+            ))
+        step(tokens, ids)
+    return collectives
+
+
+def test_a_steady_state_step_runs_no_collective():
+    assert run_ranks(_second_step, 2, "none", timeout=120) == [[], []]
+
+
+def test_bad_document_ids_at_a_later_step_fail_on_every_rank_alone():
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_second_step, 2, "document_ids", timeout=120)
+    assert set(failure.value.errors) == {0, 1}
+    for rank, message in failure.value.errors.items():
+        assert f"pipeline rank {rank}: document_ids: document ids decrease" in message
+
+
+def test_an_input_changed_at_a_later_step_fails_naming_it_without_hanging():
+    with pytest.raises(RankFailure) as failure:
+        run_ranks(_second_step, 2, "input", timeout=120)
+    assert "pipeline rank 0: inputs are ((((2, 12), torch.int32),), " in failure.value.errors[0]
+    assert "the pipeline's buffers are sized at the first call" in failure.value.errors[0]
+    # Only rank 0 could tell; rank 1 fails when rank 0's process leaves, as under torchrun.
+    assert set(failure.value.errors) == {0, 1}

@@ -21,8 +21,8 @@ With packed documents (``documents``, a
 positions ``[documents.key_start, documents.end)`` and each query sees only
 the keys of its own document at or before it: per document, bottom-right
 causal attention of its queries in the segment against its keys so far.
-Varlen kernels get one call per row with that row's per-document metadata;
-dense kernels run once per document.
+Varlen kernels get one call for all rows (:func:`packed_varlen`); dense
+kernels run once per document.
 
 Each backend also states what it needs to run (:meth:`unmet_requirements`),
 so ``"auto"`` never picks a kernel that cannot run and a forced backend fails
@@ -41,8 +41,8 @@ __all__ = [
     "KernelTarget",
     "check_heads",
     "flash_kernel_requirements",
+    "packed_varlen",
     "per_document",
-    "per_row_varlen",
 ]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -148,18 +148,67 @@ def per_document(
 VarlenKernel = Callable[..., torch.Tensor]
 
 
-def per_row_varlen(
+class _RowsAsTokens(torch.autograd.Function):
+    """(batch, L, heads, head_dim) rows ``row_stride`` tokens apart -> one
+    ((batch - 1) * row_stride + L, heads, head_dim) token sequence, both ways without a copy.
+
+    ``unread``: (row, n) where the row's first n keys belong to no query (a
+    gap sequence); their gradient is set to zero, whatever the kernel wrote there.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, row_stride: int, unread: tuple) -> torch.Tensor:
+        ctx.shape, ctx.row_stride, ctx.unread = x.shape, row_stride, unread
+        tokens = (x.shape[0] - 1) * row_stride + x.shape[1]
+        return x.as_strided((tokens, *x.shape[2:]), x.stride()[1:])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        strides = (ctx.row_stride * grad.stride(0), *grad.stride())
+        rows = grad.as_strided(ctx.shape, strides, grad.storage_offset())
+        for row, n in ctx.unread:
+            rows[row, :n].zero_()
+        return rows, None, None
+
+
+def _row_stride(x: torch.Tensor) -> int | None:
+    """Tokens between x's rows, if its rows lie on one token grid."""
+    if x.shape[0] == 1:
+        return x.shape[1]
+    if x.stride(1) > 0 and x.stride(0) % x.stride(1) == 0 and x.stride(0) >= x.stride(1) * x.shape[1]:
+        return x.stride(0) // x.stride(1)
+    return None
+
+
+def packed_varlen(
     kernel: VarlenKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     documents: SegmentDocuments,
 ) -> torch.Tensor:
-    """``kernel(q_row, k_row, v_row, cu_seqlens_q, cu_seqlens_k, max_q, max_k)`` per row.
+    """``kernel(q_tokens, k_tokens, v_tokens, cu_seqlens_q, cu_seqlens_k, max_q, max_k)``
+    once for all rows (:class:`~torchtitan_seq1f1b.documents.PackedVarlen`).
 
-    q_row: (Lq, n_heads, head_dim); k_row, v_row: (keys of the row's documents,
-    n_kv_heads, head_dim), views of k and v. Returns (batch, Lq, n_heads, head_dim).
+    q_tokens: (batch * Lq, n_heads, head_dim); k_tokens, v_tokens: k and v
+    read in place as one token sequence. Returns (batch, Lq, n_heads, head_dim).
     """
-    rows = []
-    for row in range(q.shape[0]):
-        keys = slice(documents.key_offset(row), None)
-        metadata = documents.varlen_metadata(row, q.device)
-        rows.append(kernel(q[row], k[row, keys], v[row, keys], *metadata))
-    return torch.stack(rows)
+    stride = _row_stride(k)
+    if stride is None or stride != _row_stride(v) or k.stride()[1:] != v.stride()[1:]:
+        k, v = k.contiguous(), v.contiguous()
+        stride = k.shape[1]
+    layout = documents.varlen
+    # One row has no gaps: any layout fits it.
+    if layout is None or (k.shape[0] > 1 and layout.key_row_stride != stride):
+        layout = documents.upload_varlen(q.device, stride)
+    batch, q_len = q.shape[:2]
+    unread = tuple(
+        (row, documents.key_offset(row)) for row in range(batch) if documents.key_offset(row)
+    )
+    out = kernel(
+        q.reshape(batch * q_len, *q.shape[2:]),
+        _RowsAsTokens.apply(k, stride, unread),
+        _RowsAsTokens.apply(v, stride, unread),
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_k,
+        layout.max_seqlen_q,
+        layout.max_seqlen_k,
+    )
+    return out.view(batch, q_len, *out.shape[1:])

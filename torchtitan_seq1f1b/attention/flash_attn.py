@@ -13,7 +13,7 @@ from torchtitan_seq1f1b.attention.backend import (
     check_heads,
     flash_kernel_requirements,
     KernelTarget,
-    per_row_varlen,
+    packed_varlen,
 )
 
 __all__ = ["FlashAttnBackend"]
@@ -24,9 +24,9 @@ class FlashAttnBackend(AttentionBackend):
 
     flash-attn >= 2.1 aligns ``causal=True`` bottom-right when the query and
     key lengths differ, runs GQA natively and takes batch-strided inputs, so
-    the prefix views go in as they are. With packed documents each row goes
-    through ``flash_attn_varlen_func`` with per-document ``cu_seqlens`` (its
-    causal mask is bottom-right per document too).
+    the prefix views go in as they are. With packed documents all rows go
+    through one ``flash_attn_varlen_func`` call with per-document
+    ``cu_seqlens`` (its causal mask is bottom-right per document too).
     """
 
     name = "flash"
@@ -79,4 +79,4 @@ class FlashAttnBackend(AttentionBackend):
                 dropout_p=0.0, softmax_scale=scale, causal=True, deterministic=deterministic,
             )
 
-        return per_row_varlen(varlen, q, k, v, documents)
+        return packed_varlen(varlen, q, k, v, documents)

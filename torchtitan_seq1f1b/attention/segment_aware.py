@@ -84,6 +84,8 @@ class SegmentAwareAttention(nn.Module):
         if running is not None:
             k, v = store.attach(self, k, v)
             documents = running.segment_documents
+            if documents is not None and documents.dense:
+                documents = None
         return self.backend(q, k, v, self.scale if scale is None else scale, documents)
 
     def extra_repr(self) -> str:

@@ -3,8 +3,8 @@
 
 """torch's CUDA flash attention kernel (FlashAttention 2): the ``varlen`` backend.
 
-Without documents it is called dense; with packed documents each row goes
-through ``torch.nn.attention.varlen.varlen_attn`` with per-document
+Without documents it is called dense; with packed documents all rows go
+through one ``torch.nn.attention.varlen.varlen_attn`` call with per-document
 ``cu_seq_q``/``cu_seq_k`` and ``window_size=(-1, 0)``, causal from the bottom
 right of every document.
 
@@ -28,7 +28,7 @@ from torchtitan_seq1f1b.attention.backend import (
     check_heads,
     flash_kernel_requirements,
     KernelTarget,
-    per_row_varlen,
+    packed_varlen,
 )
 
 __all__ = ["TorchFlashBackend", "lower_right_causal_attention_flash", "varlen_attention"]
@@ -95,4 +95,4 @@ class TorchFlashBackend(AttentionBackend):
         def varlen(q_row, k_row, v_row, cu_q, cu_k, max_q, max_k):
             return self.varlen_kernel(q_row, k_row, v_row, cu_q, cu_k, max_q, max_k, scale)
 
-        return per_row_varlen(varlen, q, k, v, documents)
+        return packed_varlen(varlen, q, k, v, documents)

@@ -16,7 +16,8 @@ import torch
 
 from torchtitan_seq1f1b.attention import KernelTarget, resolve_backend
 from torchtitan_seq1f1b.check import relative_error, Result
-from torchtitan_seq1f1b.documents import document_starts, SegmentDocuments
+from torchtitan_seq1f1b.documents import MicrobatchDocuments, SegmentDocuments
+from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["kernel_results", "reference_attention"]
 
@@ -88,7 +89,7 @@ def _segment_documents(batch: int, q_len: int, k_len: int, device) -> SegmentDoc
         [[doc for doc, n in enumerate(lengths) for _ in range(n)] for lengths in layouts],
         device=device,
     )
-    return SegmentDocuments.of(document_starts(ids), k_len - q_len, k_len)
+    return MicrobatchDocuments(ids, SegmentPlan.from_lengths((k_len - q_len, q_len))).segment(1)
 
 
 def _worst_error(backend, head_dim, dtype, device) -> tuple[float, str]:

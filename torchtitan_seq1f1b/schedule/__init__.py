@@ -15,7 +15,7 @@
 The runtime's parts: :mod:`.segment_inputs` cuts inputs into units and merges
 outputs, :mod:`.unit_compute` surrounds every compute call of a unit,
 :mod:`.stage_layout` checks arguments and placement, :mod:`.rank_errors`
-raises one rank's input error on all.
+raises an input error on every rank that must know it.
 """
 
 from torchtitan_seq1f1b.schedule.runtime import ScheduleSeq1F1B

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks, TensorChunkSpec
 
-from torchtitan_seq1f1b.documents import check_document_ids
+from torchtitan_seq1f1b.documents import check_document_ids, read_document_starts
 from torchtitan_seq1f1b.schedule.segment_inputs import SegmentSplitter
 
 __all__ = ["MicrobatchInputs", "split_microbatches"]
@@ -27,13 +27,15 @@ __all__ = ["MicrobatchInputs", "split_microbatches"]
 class MicrobatchInputs:
     """One entry per real microbatch; ``targets``/``document_ids`` None when not given.
 
-    ``document_ids[i]`` is (microbatch_size, seq_len).
+    ``document_ids[i]`` is (microbatch_size, seq_len); ``document_starts[i]``
+    holds, per row, the positions where its documents start (host ints).
     """
 
     args: list[tuple]
     kwargs: list[dict]
     targets: list[torch.Tensor] | None
     document_ids: list[torch.Tensor] | None
+    document_starts: list[list[tuple[int, ...]]] | None = None
 
 
 def split_microbatches(
@@ -102,7 +104,9 @@ def split_microbatches(
         )
         if error is not None:
             return f"microbatch {i}: {error}"
-    return MicrobatchInputs(list(args_mbs), list(kwargs_mbs), target_mbs, ids)
+    return _with_document_starts(
+        MicrobatchInputs(list(args_mbs), list(kwargs_mbs), target_mbs, ids), document_ids_kwarg
+    )
 
 
 def _split_whole_batch(
@@ -124,12 +128,24 @@ def _split_whole_batch(
         if args or kwargs
         else ([()] * n_microbatches, [{}] * n_microbatches)
     )
-    return MicrobatchInputs(
+    inputs = MicrobatchInputs(
         args_mbs,
         kwargs_mbs,
         None if target is None else _split_rows(target, n_microbatches),
         None if ids is None else _split_rows(ids, n_microbatches),
     )
+    return _with_document_starts(inputs, document_ids_kwarg)
+
+
+def _with_document_starts(inputs: MicrobatchInputs, name: str | None) -> MicrobatchInputs | str:
+    """``inputs`` with where their documents start, read once for the step."""
+    if inputs.document_ids is None:
+        return inputs
+    starts = read_document_starts(inputs.document_ids)
+    if isinstance(starts, str):
+        return f"{name}: {starts}"
+    inputs.document_starts = starts
+    return inputs
 
 
 def _document_ids_error(

@@ -35,12 +35,12 @@ from torchtitan_seq1f1b._torch_compat import (
 )
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.attention import bind_attention
-from torchtitan_seq1f1b.documents import MicrobatchDocuments
+from torchtitan_seq1f1b.documents import MicrobatchDocuments, upload_varlen_layouts
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
 from torchtitan_seq1f1b.schedule.microbatch_inputs import split_microbatches
 from torchtitan_seq1f1b.schedule.receives import receives_first
-from torchtitan_seq1f1b.schedule.rank_errors import raise_on_any_rank
+from torchtitan_seq1f1b.schedule.rank_errors import InputCheck
 from torchtitan_seq1f1b.schedule.segment_inputs import SegmentSplitter
 from torchtitan_seq1f1b.schedule.stage_layout import check_one_stage_per_rank, check_plan
 from torchtitan_seq1f1b.schedule.unit_compute import UnitComputeScope
@@ -131,6 +131,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
         self._document_ids_kwarg = document_ids_kwarg
         self.kv_stores = {stage.stage_index: KVStore() for stage in stages}
         self._unit_scope = UnitComputeScope(segment_plan, self.kv_stores, seq_dim)
+        self._input_check = InputCheck(type(self).__name__)
         for stage in stages:
             wrap_stage_compute(stage, self._unit_scope)
 
@@ -252,7 +253,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             (self._args_chunk_spec, self._kwargs_chunk_spec),
             self._document_ids_kwarg,
         )
-        raise_on_any_rank(self._stages[0], inputs if isinstance(inputs, str) else None)
+        self._input_check(self._stages[0], self._has_backward, inputs)
         self.pipeline_order_with_comms = (
             self._train_order_with_comms if self._has_backward else self._eval_order_with_comms
         )
@@ -265,11 +266,14 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             # Every step, so attention wrapped after construction is bound too.
             bind_attention(stage.submod, store)
 
-        self._unit_scope.documents = (
-            None
-            if inputs.document_ids is None
-            else [MicrobatchDocuments(ids, self.segment_plan) for ids in inputs.document_ids]
-        )
+        documents = None
+        if inputs.document_ids is not None:
+            documents = [
+                MicrobatchDocuments(ids, self.segment_plan, starts)
+                for ids, starts in zip(inputs.document_ids, inputs.document_starts)
+            ]
+            upload_varlen_layouts(documents, self._stages[0].device)
+        self._unit_scope.documents = documents
         split, device = self._splitter, self._stages[0].device
         arg_units = [u for mb in inputs.args for u in split.split_args(mb)]
         kwarg_units = [u for mb in inputs.kwargs for u in split.split_kwargs(mb, device)]

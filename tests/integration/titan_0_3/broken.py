@@ -38,7 +38,7 @@ def _cut_at_segments(ids: torch.Tensor, plan: SegmentPlan) -> torch.Tensor:
 
 if BREAK == "segment_attention":
     documents = runtime.MicrobatchDocuments
-    runtime.MicrobatchDocuments = lambda ids, plan: documents(_cut_at_segments(ids, plan), plan)
+    runtime.MicrobatchDocuments = lambda ids, plan, _: documents(_cut_at_segments(ids, plan), plan)
 elif BREAK == "normalizer":
     loss_of = pipeline._ScalarLoss.__call__
     pipeline._ScalarLoss.__call__ = lambda self, output, target, global_valid_tokens: loss_of(
