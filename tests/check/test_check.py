@@ -4,6 +4,7 @@
 """``python -m torchtitan_seq1f1b.check`` on CPU: its table and exit codes,
 that each check fails when what it checks is broken, and the GPU-skip rule."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from torchtitan_seq1f1b.attention import SDPABackend
-from torchtitan_seq1f1b.check import distributed, stack
+import torchtitan_seq1f1b.check.__main__ as check_main
+from torchtitan_seq1f1b.check import distributed, perf, stack
 from torchtitan_seq1f1b.check.__main__ import main
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
 from torchtitan_seq1f1b.kv_store import KVStore
@@ -165,3 +167,30 @@ def test_gpu_tests_may_not_skip_with_cuda(monkeypatch):
         "gpu", cuda=True, monkeypatch=monkeypatch, reason="hardware: FlashAttention 2 needs sm80+"
     )
     assert hardware.outcome == "skipped"
+
+
+def test_perf_reports_every_configuration_and_counts_recompute(tmp_path, monkeypatch, capsys):
+    shape = dataclasses.replace(perf.CPU_SHAPE, seq_lens=(64,), segment_counts=(1, 2, 4))
+    monkeypatch.setattr(perf, "CPU_SHAPE", shape)
+    monkeypatch.setattr(check_main, "CPU_SHAPE", shape)
+    report = tmp_path / "perf.json"
+    assert main(["--perf", "--device", "cpu", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(report.read_text())["rows"]
+    assert len(rows) == len(ACTIVATION_CHECKPOINT_MODES) * 3
+    recomputed = {"none": 0, "full": 2, "selective_layer": 1, "selective_op": 0}
+    for row in rows:
+        assert f"{row['seq_len']:>6} {row['mode']:<15} {row['k']:>2} " in out
+        assert sum(row["plan"]) == 64 and len(row["forward"]) == len(row["backward"]) == row["k"]
+        assert all(t > 0 for t in row["forward"] + row["backward"])
+        # attention runs once per unit and block, again where checkpointing recomputes it
+        assert row["attention_forwards"] == row["k"] * (shape.blocks + recomputed[row["mode"]])
+        assert row["host_reads"] == row["uploads"] == 0 and row["syncs"] is None
+        assert (row["k"] > 1) == bool(row["speedup"])
+        assert all(0 < s < float("inf") for s in row["speedup"].values())
+
+
+def test_perf_measures_instead_of_checking(capsys):
+    with pytest.raises(SystemExit):
+        main(["--perf", "--checks", "stack", "--device", "cpu"])
+    assert "--perf measures instead of checking" in capsys.readouterr().err

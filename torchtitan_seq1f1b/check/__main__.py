@@ -5,6 +5,8 @@
 
 Prints a pass/fail/skip table and exits 1 if any check failed. Without CUDA
 and without ``--device cpu`` it says so, lists what it would run, and exits 0.
+``--perf`` instead measures a stage's units and predicts a step
+(:mod:`torchtitan_seq1f1b.check.perf`).
 """
 
 import argparse
@@ -18,6 +20,7 @@ import torch
 from torchtitan_seq1f1b.check import format_table, Result
 from torchtitan_seq1f1b.check.distributed import pipelined_results, torchtitan_results
 from torchtitan_seq1f1b.check.kernels import kernel_results
+from torchtitan_seq1f1b.check.perf import CPU_SHAPE, format_perf, GPU_SHAPE, perf_results
 from torchtitan_seq1f1b.check.stack import stack_results
 
 CHECKS = {
@@ -62,7 +65,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         f"on cpu: {','.join(DEFAULT_CHECKS['cpu'])})",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument(
+        "--perf", action="store_true",
+        help="instead of checking, time a llama3-8B-shaped stage's units at 32k and 64k "
+        "tokens (k = 1, 2, 4, 8; every checkpointing mode) and predict Seq1F1B's step "
+        "against 1F1B for pp = 4 and 8 (under 10 minutes on an H100)",
+    )
     args = parser.parse_args(argv)
+    if args.perf and args.checks:
+        parser.error("--perf measures instead of checking: leave out --checks")
     unknown = set(args.checks or ()) - set(CHECKS)
     if unknown:
         parser.error(f"--checks: unknown {sorted(unknown)}; choose from {','.join(CHECKS)}")
@@ -92,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         print("`--device cpu` runs the parts that can run on the CPU.")
         return 0
     device = torch.device(args.device or "cuda")
+    if args.perf:
+        return _perf(device, args.json)
     names = args.checks or DEFAULT_CHECKS[device.type]
     results = [row for name in names for row in _run(name, device)]
     print(format_table(results))
@@ -114,6 +127,31 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1,
             )
     return 1 if counts["fail"] else 0
+
+
+def _perf(device: torch.device, json_path: str | None) -> int:
+    shape = GPU_SHAPE if device.type == "cuda" else CPU_SHAPE
+    started = time.perf_counter()
+    rows = perf_results(device, shape)
+    print(format_perf(rows, shape))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"\n{name}, torch {torch.__version__}, {time.perf_counter() - started:.0f} s")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(
+                {
+                    "device": name,
+                    "torch": torch.__version__,
+                    "rows": [
+                        {**dataclasses.asdict(row["run"]), "plan": list(row["run"].plan.lengths),
+                         "k": row["k"], "speedup": row.get("speedup", {})}
+                        for row in rows
+                    ],
+                },
+                f,
+                indent=1,
+            )
+    return 0
 
 
 if __name__ == "__main__":
