@@ -11,6 +11,7 @@ import queue
 import socket
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(worker, rank, world_size, port, results, backend, args):
+def _entry(worker, rank, world_size, port, results, backend, group_timeout, args):
     # One intra-op thread per rank: ranks share the machine's cores.
     torch.set_num_threads(1)
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
@@ -36,6 +37,7 @@ def _entry(worker, rank, world_size, port, results, backend, args):
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
+            timeout=None if group_timeout is None else timedelta(seconds=group_timeout),
         )
         # Plain pickle: tensors travel by value, not through shared memory
         # that dies with this process.
@@ -56,11 +58,18 @@ class RankFailure(RuntimeError):
 
 
 def run_ranks(
-    worker: Callable, world_size: int, *args, timeout: float = 300, backend: str = "gloo"
+    worker: Callable,
+    world_size: int,
+    *args,
+    timeout: float = 300,
+    backend: str = "gloo",
+    group_timeout: float | None = None,
 ) -> list:
     """Run ``worker(rank, world_size, *args)`` on ``world_size`` local ranks.
 
-    ``backend`` is "gloo" or "nccl" (rank r then runs on GPU r).
+    ``backend`` is "gloo" or "nccl" (rank r then runs on GPU r);
+    ``group_timeout`` the process group's collective timeout in seconds
+    (torch's default if None).
     ``worker`` must be importable (spawned processes re-import it). Returns
     each rank's result; raises RankFailure if any rank raised and
     TimeoutError (after killing every rank) if they do not all finish.
@@ -69,7 +78,10 @@ def run_ranks(
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_entry, args=(worker, rank, world_size, port, results, backend, args))
+        ctx.Process(
+            target=_entry,
+            args=(worker, rank, world_size, port, results, backend, group_timeout, args),
+        )
         for rank in range(world_size)
     ]
     for proc in procs:

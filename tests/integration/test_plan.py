@@ -7,6 +7,8 @@ Rank 0 chooses and every rank hears its choice or its failure: a failing
 calibration must reach the other ranks as an error, not leave them waiting.
 """
 
+import time
+
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ SHAPE = TransformerCost(
     n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
 )
 AUTO = Seq1F1B(num_segments="auto", partition="auto", memory_budget_gib=1.0)
+GROUP_TIMEOUT = 3  # seconds a collective waits
 
 
 def _job() -> PlannerJob:
@@ -63,3 +66,20 @@ def test_every_rank_gets_rank_0s_plan_or_its_failure():
     failed = run_ranks(_plan_on_rank, 2, True, timeout=120)
     assert failed[0] == failed[1]
     assert "planner failed on rank 0: RuntimeError: CUDA out of memory" in failed[1]
+
+
+def _plan_slowly(rank: int, world_size: int) -> str:
+    if rank == 0:
+        choose = integration_plan.plan_automatically
+
+        def slow(request):
+            time.sleep(2 * GROUP_TIMEOUT)  # calibrating a long sequence
+            return choose(request)
+
+        integration_plan.plan_automatically = slow
+    return _plan_on_rank(rank, world_size, fail=False)
+
+
+def test_the_other_ranks_outwait_a_collective_timeout():
+    planned = run_ranks(_plan_slowly, 2, timeout=120, group_timeout=GROUP_TIMEOUT)
+    assert planned[0] == planned[1] and not planned[0].startswith("error")

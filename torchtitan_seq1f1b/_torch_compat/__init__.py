@@ -16,7 +16,9 @@ and nowhere else, and the torch versions they were tested against are pinned:
   torch's p2p waits and read torch's own schedule orders. Training never
   imports it;
 - :mod:`.dispatch_modes`: torch's Python dispatch modes, for the counters
-  and the CPU emulation of autograd's device threads.
+  and the CPU emulation of autograd's device threads;
+- :mod:`.process_group_store`: the default process group's store, where
+  ranks wait for the planner without a collective's timeout.
 """
 
 import os

@@ -9,10 +9,14 @@ section of its trainer config, which adds the schedule name
 (:mod:`torchtitan_seq1f1b.integration.titan_0_3.options`).
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["Seq1F1B"]
+__all__ = ["KERNEL_TILE", "Seq1F1B"]
+
+KERNEL_TILE = 128
+"""Tokens per tile of the CUDA attention kernels' query and key blocks."""
 
 
 @dataclass
@@ -53,11 +57,13 @@ class Seq1F1B:
     torch's varlen_attn, then exact SDPA (the CPU path).
     """
 
-    align: int = 1
+    align: int = 0
     """
-    Every segment length is a multiple of this. The tensor-parallel degree is
-    multiplied in automatically (sequence parallel shards each segment over the
-    TP ranks); raise it to match a kernel tile (e.g. 128).
+    Every segment length is a multiple of this. 0 (the default) means 128,
+    the attention kernels' tile, on CUDA when the sequence holds
+    num_segments such segments, and 1 elsewhere. The tensor-parallel degree
+    is multiplied in automatically (sequence parallel shards each segment
+    over the TP ranks).
     """
 
     segment_lengths: list[int] = field(default_factory=list)
@@ -65,3 +71,17 @@ class Seq1F1B:
     Explicit segment lengths (summing to training.seq_len), overriding
     num_segments and partition, e.g. a plan measured on the target hardware.
     """
+
+    def segment_align(self, tp: int, seq_len: int, on_cuda: bool) -> int:
+        """What every segment length is a multiple of: ``align`` (resolved) times into ``tp``."""
+        align = self.align
+        if not isinstance(align, int) or align < 0:
+            raise ValueError(
+                f"seq1f1b.align={align!r} must be an integer >= 0 (0: {KERNEL_TILE} on "
+                "CUDA, 1 elsewhere)"
+            )
+        if align == 0:
+            segments = 1 if self.num_segments == "auto" else self.num_segments
+            fits = seq_len % KERNEL_TILE == 0 and segments * KERNEL_TILE <= seq_len
+            align = KERNEL_TILE if on_cuda and fits else 1
+        return math.lcm(align, tp)

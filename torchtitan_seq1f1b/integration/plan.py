@@ -11,16 +11,19 @@ the "time" and "auto" partitions run the calibrated planner
 choice, so all ranks cut sequences alike.
 """
 
+import itertools
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from torchtitan_seq1f1b._torch_compat.process_group_store import default_store
 from torchtitan_seq1f1b.integration.options import Seq1F1B
 from torchtitan_seq1f1b.planner import (
     AutoPlanRequest,
@@ -43,6 +46,9 @@ __all__ = [
 
 # Parameters, gradients and Adam's two moments, all fp32.
 _STATE_BYTES_PER_PARAMETER = 16
+PLANNER_WAIT = timedelta(hours=4)
+"""How long ranks wait for rank 0's calibration (long sequences on a slow device)."""
+_PLANNER_CALLS = itertools.count()
 
 
 class Seq1F1BConfigError(ValueError):
@@ -162,16 +168,21 @@ def plan_segments(
 ) -> SegmentPlan:
     """The plan ``options`` ask for at ``seq_len`` tokens per sequence.
 
-    Segment lengths are multiples of ``lcm(options.align, tp)`` (sequence
-    parallel shards every segment over the TP ranks); ``cost`` prices
+    Segment lengths are multiples of :meth:`Seq1F1B.segment_align` (the
+    kernel tile on CUDA unless ``align`` is set; sequence parallel shards
+    every segment over the TP ranks); ``cost`` prices
     segments for the "balanced" partition. Options that use the planner need
     ``job`` and, under torch.distributed, every rank calling together. Raises
     :class:`Seq1F1BConfigError` naming the options when no such plan exists.
     """
-    align = math.lcm(options.align, tp)
+    try:
+        chosen = options.segment_align(1, seq_len, torch.cuda.is_available())
+    except ValueError as error:
+        raise Seq1F1BConfigError(str(error)) from None
+    align = math.lcm(chosen, tp)
     where = (
         f"seq1f1b.num_segments={options.num_segments!r}, seq1f1b.partition="
-        f"{options.partition!r}, seq1f1b.align={options.align} (x tp={tp}), "
+        f"{options.partition!r}, seq1f1b.align={chosen} (x tp={tp}), "
         f"training.seq_len={seq_len}"
     )
     try:
@@ -218,13 +229,19 @@ def _planned(
             dist.all_gather_object(budgets, free)
         budget = min(budgets)
     outcome = [None]
+    done = f"seq1f1b/planner/{next(_PLANNER_CALLS)}"
     if not distributed or dist.get_rank() == 0:
         try:
             outcome = [_choose(options, seq_len, align, cost, job, budget)]
-        except Exception as error:  # noqa: BLE001 - the other ranks wait in the broadcast
+        except Exception as error:  # noqa: BLE001 - the other ranks wait for it
             failure = f"the planner failed on rank 0: {type(error).__name__}: {error}"
             outcome = [(None, None, failure)]
+        if distributed:
+            default_store().set(done, "1")
     if distributed:
+        # Calibrating long sequences outlasts a collective's timeout (torchtitan's
+        # comm.init_timeout_seconds): wait on the store, which has its own.
+        default_store().wait([done], PLANNER_WAIT)
         dist.broadcast_object_list(outcome, src=0)
     lengths, report, error = outcome[0]
     if error is not None:

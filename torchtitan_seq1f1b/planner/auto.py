@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.planner.calibrate import (
+    calibration_bytes,
     cached_calibration,
     CalibrationTarget,
     rank_chain_length,
@@ -21,7 +23,13 @@ from torchtitan_seq1f1b.planner.estimate import PipelineShape
 from torchtitan_seq1f1b.planner.time_model import TimeModel
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
-__all__ = ["AutoPlanRequest", "AutoPlan", "plan_automatically", "recommend_for"]
+__all__ = [
+    "AutoPlanRequest",
+    "AutoPlan",
+    "calibration_target",
+    "plan_automatically",
+    "recommend_for",
+]
 
 OrderFor = Callable[[int, int, int, int], Order]
 """``(num_ranks, stages_per_rank, n_microbatches, num_segments) -> Order``:
@@ -73,8 +81,10 @@ class AutoPlan:
     calibration_source: str
 
 
-def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
-    """Calibrate ``request``'s model on its device (or read the cache) and pick the plan."""
+def calibration_target(request: AutoPlanRequest) -> CalibrationTarget:
+    """What :func:`plan_automatically` times: a rank's blocks chained
+    (:func:`rank_chain_length`), fewer where their activations over the
+    whole sequence would not fit ``request.budget_bytes`` (one at least)."""
     target = CalibrationTarget(
         shape=request.shape,
         seq_len=request.seq_len,
@@ -84,6 +94,19 @@ def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
         attention_backend=request.attention_backend,
         chained_blocks=rank_chain_length(request.shape.n_layers, request.num_ranks),
     )
+    budget = request.budget_bytes
+    while (
+        budget is not None
+        and target.chained_blocks > 1
+        and sum(calibration_bytes(target).values()) > budget
+    ):
+        target = dataclasses.replace(target, chained_blocks=target.chained_blocks - 1)
+    return target
+
+
+def plan_automatically(request: AutoPlanRequest) -> AutoPlan:
+    """Calibrate ``request``'s model on its device (or read the cache) and pick the plan."""
+    target = calibration_target(request)
     model, path, cached = cached_calibration(target, refresh=request.refresh)
     source = f"{'read from' if cached else 'measured, saved to'} {path}"
     return AutoPlan(recommend_for(request, model), model, source)

@@ -59,9 +59,13 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 __all__ = [
     "CACHE_ENV",
     "CalibrationTarget",
+    "HEAD_LOGITS_BYTES",
     "MAX_CHAINED_BLOCKS",
+    "block_bytes_per_token",
     "calibrate",
+    "calibration_bytes",
     "cached_calibration",
+    "head_tokens",
     "rank_chain_length",
 ]
 
@@ -72,6 +76,8 @@ MAX_CHAINED_BLOCKS = 4
 """The chain's time and memory come on top of the job's on its device and grow with its length.
 Past four, a block's F, B and I moved under 4% on the bench model's CPU, its W up to 9%
 (at eight): a rank of more blocks is priced that much fast in W."""
+HEAD_LOGITS_BYTES = 2**31
+"""Bytes of logits (and their fp32 copies) the head is timed with at most (:func:`head_tokens`)."""
 _Samples = dict[str, list[tuple[int, int, float]]]  # per kind: (length, end, seconds)
 
 
@@ -142,6 +148,49 @@ class CalibrationTarget:
             "method": _METHOD,
             "torch": torch.__version__,
         }
+
+
+def head_tokens(target: CalibrationTarget) -> int:
+    """Tokens the LM head and loss are timed over.
+
+    The whole sequence unless its logits (in the compute dtype, with an fp32
+    copy for the loss and the fp32 gradient) would pass
+    :data:`HEAD_LOGITS_BYTES`: at 128k tokens and a 128k vocabulary those
+    alone are 168 GB. The head has no attention, so its time is linear in
+    tokens and plans over fewer tokens fit it as well.
+    """
+    per_token = target.microbatch_size * target.shape.vocab_size * (target.dtype.itemsize + 8)
+    tokens = target.seq_len
+    while tokens > max(PROBED_SEGMENT_COUNTS) and tokens * per_token > HEAD_LOGITS_BYTES:
+        tokens //= 2
+    return tokens
+
+
+def calibration_bytes(target: CalibrationTarget) -> dict[str, int]:
+    """Device bytes calibration needs beyond the weights, from shapes (an estimate).
+
+    ``blocks``: the chain's saved activations and K/V over the whole sequence
+    (every segment of a microbatch is alive until its backward); ``head``:
+    the head's logits and their fp32 copies over :func:`head_tokens`.
+    """
+    shape, itemsize = target.shape, target.dtype.itemsize
+    per_block_token = block_bytes_per_token(shape, target.dtype)
+    head_per_token = shape.vocab_size * (itemsize + 8)
+    rows = target.microbatch_size
+    return {
+        "blocks": target.chained_blocks * per_block_token * target.seq_len * rows,
+        "head": head_per_token * head_tokens(target) * rows,
+    }
+
+
+def block_bytes_per_token(shape: TransformerCost, dtype: torch.dtype) -> int:
+    """A llama block's saved activations and K/V per token, estimated from its dims.
+
+    Norm inputs and outputs, q, attention output, projection and residual
+    (dim each), K and V (and the store's copy), and three FFN-wide tensors.
+    """
+    kv_dim = shape.dim // shape.n_heads * shape.n_kv_heads
+    return (7 * shape.dim + 4 * kv_dim + 3 * shape.ffn_hidden_dim) * dtype.itemsize
 
 
 def rank_chain_length(n_layers: int, num_ranks: int) -> int:
@@ -243,17 +292,16 @@ def _run_plan(
     store.clear()
 
 
-def _measure(component: nn.Module, target: CalibrationTarget, extra: torch.Tensor) -> _Samples:
+def _measure(
+    component: nn.Module, target: CalibrationTarget, extra: torch.Tensor, seq_len: int
+) -> _Samples:
+    """Units of uniform plans over ``seq_len`` tokens; extra: (batch, seq_len) or (1, seq_len)."""
     device = torch.device(target.device)
     clock = _Clock(device)
     inputs = torch.randn(
-        target.microbatch_size, target.seq_len, target.shape.dim, device=device, dtype=target.dtype
+        target.microbatch_size, seq_len, target.shape.dim, device=device, dtype=target.dtype
     )
-    plans = [
-        SegmentPlan.uniform(target.seq_len, k)
-        for k in PROBED_SEGMENT_COUNTS
-        if k <= target.seq_len
-    ]
+    plans = [SegmentPlan.uniform(seq_len, k) for k in PROBED_SEGMENT_COUNTS if k <= seq_len]
     warmup: _Samples = {kind: [] for kind in KINDS}
     for split in (False, True):
         _run_plan(component, plans[0], inputs, extra, split, clock, warmup)
@@ -275,10 +323,14 @@ def _measure(component: nn.Module, target: CalibrationTarget, extra: torch.Tenso
 
 
 def _activation_bytes(
-    component: nn.Module, target: CalibrationTarget, inputs: torch.Tensor, extra: torch.Tensor
+    component: nn.Module, inputs: torch.Tensor, extra: torch.Tensor
 ) -> tuple[float, float]:
-    """(activation bytes, K/V store bytes) per token position of a whole-sequence unit."""
-    plan = SegmentPlan.uniform(target.seq_len, 1)
+    """(activation bytes, K/V store bytes) per token position of a whole-sequence unit.
+
+    inputs: (batch, seq_len, dim); extra: positions (1, seq_len) or targets (batch, seq_len).
+    """
+    seq_len = inputs.shape[1]
+    plan = SegmentPlan.uniform(seq_len, 1)
     store = KVStore()
     bind_attention(component, store)
     saved = _SavedBytes()
@@ -287,7 +339,7 @@ def _activation_bytes(
     # Attention saves views of the K/V store: those bytes are the store's, not activations.
     kv = store.nbytes
     store.clear()
-    return (saved.nbytes - kv) / target.seq_len, kv / target.seq_len
+    return (saved.nbytes - kv) / seq_len, kv / seq_len
 
 
 def _runtime_overhead(target: CalibrationTarget) -> RuntimeOverhead:
@@ -351,11 +403,12 @@ def _direct_fits(
     """A block's and the head's unit times from the chain and head timed alone on the device."""
     device = torch.device(target.device)
     head = _Head(target.shape).to(device, target.dtype)
+    tokens = head_tokens(target)
     targets = torch.randint(
-        0, target.shape.vocab_size, (target.microbatch_size, target.seq_len), device=device
+        0, target.shape.vocab_size, (target.microbatch_size, tokens), device=device
     )
-    block_samples = _measure(chain, target, positions)
-    head_samples = _measure(head, target, targets)
+    block_samples = _measure(chain, target, positions, target.seq_len)
+    head_samples = _measure(head, target, targets, tokens)
     count = target.chained_blocks
     return (
         {
@@ -382,14 +435,16 @@ def calibrate(target: CalibrationTarget) -> TimeModel:
     inputs = torch.randn(
         target.microbatch_size, target.seq_len, shape.dim, device=device, dtype=target.dtype
     )
-    targets = torch.randint(
-        0, shape.vocab_size, (target.microbatch_size, target.seq_len), device=device
-    )
-    chain_bytes, chain_kv_bytes = _activation_bytes(chain, target, inputs, positions)
+    tokens = head_tokens(target)
+    targets = torch.randint(0, shape.vocab_size, (target.microbatch_size, tokens), device=device)
+    chain_bytes, chain_kv_bytes = _activation_bytes(chain, inputs, positions)
     block_bytes, kv_bytes = chain_bytes / count, chain_kv_bytes / count
     head_bytes, _ = _activation_bytes(
-        _Head(shape).to(device, target.dtype), target, inputs, targets
+        _Head(shape).to(device, target.dtype), inputs[:, :tokens], targets
     )
+    del chain, positions, inputs, targets
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the job allocates next; leave it the device
     return TimeModel(
         block=block,
         head=head,

@@ -35,6 +35,7 @@ from torchtitan_seq1f1b.segmenting.cost import check_span
 
 __all__ = [
     "KINDS",
+    "NOT_CHARGED",
     "PROBED_SEGMENT_COUNTS",
     "RuntimeOverhead",
     "TimeModel",
@@ -60,6 +61,13 @@ def prefix_rectangle(length: int, end: int) -> int:
     """(query, key) scores of a segment after a prefix when none are skipped; 0 for a first segment."""
     check_span(length, end)
     return length * end if end > length else 0
+
+
+NOT_CHARGED = (
+    "not charged, both growing with k: recompute under activation checkpointing "
+    "(units are timed without it) and FSDP's gradient accumulation after each backward unit"
+)
+"""What the time model leaves out of a step's prediction."""
 
 
 @dataclass(frozen=True)
@@ -196,15 +204,17 @@ class TimeModel:
         return per_token * length
 
     def describe(self) -> str:
-        """The measured figures besides unit times and bytes, for logs."""
+        """The measured figures besides unit times and bytes, and what is not charged, for logs."""
         runtime = self.runtime
         if runtime == RuntimeOverhead():
-            return "runtime cost not charged"
-        return (
-            f"runtime {runtime.per_action * 1e3:.2f} ms per "
-            f"action + {runtime.per_token * 1e6:.2f} us per token, "
-            f"{runtime.per_step * 1e3:.1f} ms per step"
-        )
+            measured = "runtime cost not charged"
+        else:
+            measured = (
+                f"runtime {runtime.per_action * 1e3:.2f} ms per "
+                f"action + {runtime.per_token * 1e6:.2f} us per token, "
+                f"{runtime.per_step * 1e3:.1f} ms per step"
+            )
+        return f"{measured}; {NOT_CHARGED}"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

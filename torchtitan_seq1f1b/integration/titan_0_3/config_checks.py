@@ -136,14 +136,16 @@ def _planned_chunked_loss_problems(config: Trainer.Config) -> list[str]:
     loss, options = config.loss, config.seq1f1b
     if not isinstance(loss, ChunkedLossWrapper.Config):
         return []
-    align = math.lcm(options.align, config.parallelism.tensor_parallel_degree)
+    tp = config.parallelism.tensor_parallel_degree
+    chosen = options.segment_align(1, config.training.seq_len, torch.cuda.is_available())
+    align = math.lcm(chosen, tp)
     if align % loss.num_chunks == 0:
         return []
     return [
         f"loss.num_chunks={loss.num_chunks} must divide every segment length (the chunked "
         f"loss cuts each segment's output), but seq1f1b.num_segments={options.num_segments!r} / "
         f"partition={options.partition!r} let the planner choose lengths that are only "
-        f"multiples of {align} (seq1f1b.align={options.align} x tp); raise seq1f1b.align to a "
+        f"multiples of {align} (seq1f1b.align={chosen} x tp); raise seq1f1b.align to a "
         f"multiple of {loss.num_chunks}, or lower loss.num_chunks"
     ]
 

@@ -79,7 +79,9 @@ def read_job_layout(
         microbatches=job_config.training.local_batch_size
         // parallelism.pipeline_parallel_microbatch_size,
         microbatch_size=parallelism.pipeline_parallel_microbatch_size,
-        align=math.lcm(options.align, parallelism.tensor_parallel_degree),
+        align=options.segment_align(
+            parallelism.tensor_parallel_degree, job_config.training.seq_len, device.type == "cuda"
+        ),
         attention_backend=options.attention_backend,
         memory_budget_gib=options.memory_budget_gib,
         dtype=attention_target(job_config, parallel_dims, model_args, device).dtype,

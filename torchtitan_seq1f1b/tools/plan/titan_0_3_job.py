@@ -91,7 +91,9 @@ def read_job_layout(
         stages_per_rank=num_stages // parallel_dims.pp,
         microbatches=training.local_batch_size // parallelism.pipeline_parallel_microbatch_size,
         microbatch_size=parallelism.pipeline_parallel_microbatch_size,
-        align=math.lcm(options.align, parallelism.tensor_parallel_degree),
+        align=options.segment_align(
+            parallelism.tensor_parallel_degree, training.seq_len, device.type == "cuda"
+        ),
         attention_backend=options.attention_backend,
         memory_budget_gib=options.memory_budget_gib,
         dtype=compute_dtype(training, parallel_dims),
