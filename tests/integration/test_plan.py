@@ -14,7 +14,7 @@ import torch
 
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.integration import plan as integration_plan
-from torchtitan_seq1f1b.integration.options import Seq1F1B
+from torchtitan_seq1f1b.integration.options import KERNEL_TILE, Seq1F1B
 from torchtitan_seq1f1b.integration.plan import PlannerJob, plan_segments, Seq1F1BConfigError
 from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import TransformerCost
@@ -83,3 +83,25 @@ def _plan_slowly(rank: int, world_size: int) -> str:
 def test_the_other_ranks_outwait_a_collective_timeout():
     planned = run_ranks(_plan_slowly, 2, timeout=120, group_timeout=GROUP_TIMEOUT)
     assert planned[0] == planned[1] and not planned[0].startswith("error")
+
+
+def test_segments_align_to_the_kernel_tile_on_cuda_by_default():
+    options = Seq1F1B(num_segments=4)
+    assert options.segment_align(1, 32768, on_cuda=True) == KERNEL_TILE
+    assert options.segment_align(2, 32768, on_cuda=True) == KERNEL_TILE
+    assert options.segment_align(3, 32768, on_cuda=True) == 3 * KERNEL_TILE
+    assert options.segment_align(1, 32768, on_cuda=False) == 1
+    # a sequence that does not hold k tiles, or is no multiple of one, keeps 1
+    assert options.segment_align(1, 4 * KERNEL_TILE - 8, on_cuda=True) == 1
+    assert options.segment_align(1, 3 * KERNEL_TILE, on_cuda=True) == 1
+    assert Seq1F1B(align=8).segment_align(2, 32768, on_cuda=True) == 8
+    with pytest.raises(ValueError, match="seq1f1b.align=-1 must be an integer >= 0"):
+        Seq1F1B(align=-1).segment_align(1, 32768, on_cuda=True)
+
+
+def test_the_default_plan_on_cuda_is_in_kernel_tiles(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    plan = plan_segments(Seq1F1B(num_segments=4), 32768, 1, SHAPE)
+    assert all(n % KERNEL_TILE == 0 for n in plan.lengths)
+    with pytest.raises(Seq1F1BConfigError, match="seq1f1b.align=-2 must be"):
+        plan_segments(Seq1F1B(align=-2), 32768, 1, SHAPE)
