@@ -30,6 +30,7 @@ from torchtitan_seq1f1b.attention.backend import (
     KernelTarget,
     packed_varlen,
 )
+from torchtitan_seq1f1b.attention.newer_flash import activate_newer_flash
 
 __all__ = ["TorchFlashBackend", "lower_right_causal_attention_flash", "varlen_attention"]
 
@@ -64,7 +65,11 @@ def varlen_attention(
 
 
 class TorchFlashBackend(AttentionBackend):
-    """torch's own FlashAttention 2 kernel: dense, or ``varlen_attn`` with documents."""
+    """torch's own FlashAttention 2 kernel: dense, or ``varlen_attn`` with documents.
+
+    On sm90/sm100 with FlashAttention-4 (or -3) installed, torch's flash ops
+    are routed to it first (:mod:`~torchtitan_seq1f1b.attention.newer_flash`).
+    """
 
     name = "varlen"
 
@@ -75,6 +80,7 @@ class TorchFlashBackend(AttentionBackend):
     ):
         self.kernel = kernel
         self.varlen_kernel = varlen_kernel
+        self._activated: set[torch.device] = set()
 
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         unmet = flash_kernel_requirements(target)
@@ -89,6 +95,9 @@ class TorchFlashBackend(AttentionBackend):
 
     def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)
+        if q.is_cuda and q.device not in self._activated:
+            activate_newer_flash(KernelTarget.of(q))
+            self._activated.add(q.device)
         if documents is None:
             return self.kernel(q, k, v, scale)
 
