@@ -36,6 +36,8 @@ __all__ = [
     "FakeFlashAttnVarlenFunc",
     "FakeTorchFlashOps",
     "FakeTorchVarlenAttn",
+    "StandIn",
+    "cuda_exact_path",
     "naive_attention",
     "stand_in_backend",
 ]
@@ -258,7 +260,7 @@ class FakeEfficientAttentionOps(_Recorder):
         return (*grads, None)
 
 
-class _StandIn(AttentionBackend):
+class StandIn(AttentionBackend):
     """A GPU backend run on CPU through stand-ins: its device checks are skipped."""
 
     def __init__(self, name: str, call):
@@ -271,7 +273,7 @@ class _StandIn(AttentionBackend):
         return self._call(q, k, v, scale, documents)
 
 
-def _cuda_exact(kernel, q, k, v, scale, documents=None):
+def cuda_exact_path(kernel, q, k, v, scale, documents=None):
     """The CUDA exact path as SDPABackend takes it where the memory-efficient kernel runs."""
     if documents is None:
         return kernel(q, k, v, scale)
@@ -284,16 +286,16 @@ def stand_in_backend(kind: str) -> tuple[AttentionBackend, _Recorder]:
     The varlen stand-in (packed documents) is the backend's ``varlen_fake``."""
     if kind == "flash":
         fake, varlen = FakeFlashAttnFunc(), FakeFlashAttnVarlenFunc()
-        backend = _StandIn("flash", FlashAttnBackend(kernel=fake, varlen_kernel=varlen))
+        backend = StandIn("flash", FlashAttnBackend(kernel=fake, varlen_kernel=varlen))
     elif kind == "varlen":
         fake, varlen = FakeTorchFlashOps(), FakeTorchVarlenAttn()
         kernel = functools.partial(lower_right_causal_attention_flash, ops=fake)
         varlen_kernel = functools.partial(varlen_attention, varlen_attn=varlen)
-        backend = _StandIn("varlen", TorchFlashBackend(kernel, varlen_kernel))
+        backend = StandIn("varlen", TorchFlashBackend(kernel, varlen_kernel))
     elif kind == "cuda_exact":
         fake, varlen = FakeEfficientAttentionOps(), None
         kernel = functools.partial(lower_right_causal_attention_cuda, ops=fake)
-        backend = _StandIn("cuda_exact", functools.partial(_cuda_exact, kernel))
+        backend = StandIn("cuda_exact", functools.partial(cuda_exact_path, kernel))
     else:
         raise ValueError(f"no stand-in for {kind!r}")
     backend.varlen_fake = varlen

@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
+from torchtitan_seq1f1b._torch_compat.dispatch_modes import TorchDispatchMode
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
 from torchtitan_seq1f1b.kv_store import _PrefixBuffers, KVStore, RunningUnit

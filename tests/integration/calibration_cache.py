@@ -30,6 +30,7 @@ from torchtitan_seq1f1b.planner.calibrate import (
     CACHE_ENV,
     cached_calibration,
     CalibrationTarget,
+    chain_within,
     rank_chain_length,
 )
 from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation
@@ -85,10 +86,11 @@ def _threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def planner_job_target(cost: TransformerCost) -> CalibrationTarget:
+def planner_job_target(cost: TransformerCost, budget_bytes: int | None = None) -> CalibrationTarget:
     """What the tests' planner jobs calibrate: ``cost`` at seq_len 128 in float32 on CPU (no
-    FSDP), 2-sequence microbatches, backend "auto", chained as deep as one of 2 ranks."""
-    return CalibrationTarget(
+    FSDP), 2-sequence microbatches, backend "auto", chained as deep as one of 2 ranks
+    and ``budget_bytes`` allow."""
+    target = CalibrationTarget(
         shape=cost,
         seq_len=128,
         device="cpu",
@@ -96,6 +98,7 @@ def planner_job_target(cost: TransformerCost) -> CalibrationTarget:
         microbatch_size=2,
         chained_blocks=rank_chain_length(cost.n_layers, 2),
     )
+    return chain_within(target, budget_bytes)
 
 
 def write_calibration(
@@ -115,8 +118,8 @@ def write_calibration(
             lambda t: dataclasses.replace(model, calibrated_for=t.key()),
         ),
     ):
-        _, path, cached = cached_calibration(target)
-    assert not cached and path.parent == folder
+        _, path, _ = cached_calibration(target, refresh=True)
+    assert path.parent == folder
     return path
 
 

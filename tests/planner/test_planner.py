@@ -285,13 +285,13 @@ def test_each_unit_keeps_its_fastest_pass_when_most_passes_ran_slow(monkeypatch)
 
     def regions(repeats: int) -> int:
         _ScriptedClock.regions = 0
-        calibrate_module._measure(block, _target(repeats=repeats), positions)
+        calibrate_module._measure(block, _target(repeats=repeats), positions, 64)
         return _ScriptedClock.regions
 
     per_pass = regions(2) - regions(1)
     warm_up = regions(1) - per_pass
     _ScriptedClock.regions, _ScriptedClock.slow_from = 0, warm_up + per_pass
-    samples = calibrate_module._measure(block, _target(repeats=3), positions)
+    samples = calibrate_module._measure(block, _target(repeats=3), positions, 64)
     assert {seconds for kind in "FBIW" for _, _, seconds in samples[kind]} == {1.0}
     assert _ScriptedClock.regions == warm_up + 3 * per_pass
 

@@ -19,7 +19,7 @@ import torch
 
 from torchtitan_seq1f1b.check.counters import HostTransferCounter
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
-from torchtitan_seq1f1b.check.exactness import build_schedule, step_inputs
+from torchtitan_seq1f1b.check.exactness import build_schedule, holds_last_stage, step_inputs
 
 from tests.harness import Case, run_ranks
 from tests.kernel_fakes import stand_in_backend
@@ -42,7 +42,7 @@ CASES = [
 def _second_step_transfers(rank: int, world_size: int, case: Case) -> tuple[int, int]:
     backend = None if case.kernel == "exact" else stand_in_backend(case.kernel)[0]
     schedule, parts, indices = build_schedule(rank, world_size, case, backend)
-    inputs, kwargs = step_inputs(rank, case, indices[-1] == world_size * case.stages_per_rank - 1)
+    inputs, kwargs = step_inputs(rank, case, holds_last_stage(case, world_size, indices))
     with backward_on_fresh_thread(case.device_thread):
         schedule.step(*inputs, **kwargs)
         for part in parts:

@@ -15,16 +15,26 @@ segments) and L attention layers:
 - layer-level selective checkpointing: again for the checkpointed layers only.
 
 The counted step's gradients are also compared with the unsplit reference.
+Each GPU backend runs its real call path on CPU kernels registered under its
+ops' names (:mod:`tests.registered_kernels`), which count their own calls
+too, dense and with packed documents.
 """
+
+import functools
 
 import pytest
 import torch
 
 from torchtitan_seq1f1b.check.counters import AttentionForwardCounter
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
-from torchtitan_seq1f1b.check.exactness import build_schedule, step_inputs
+from torchtitan_seq1f1b.check.exactness import build_schedule, holds_last_stage, step_inputs
+
+from torchtitan_seq1f1b.attention import TorchFlashBackend
+from torchtitan_seq1f1b.attention.cuda_mem_efficient import lower_right_causal_attention_cuda
 
 from tests.harness import Case, reference, run_ranks
+from tests.kernel_fakes import cuda_exact_path, StandIn
+from tests.registered_kernels import flash_attn_stand_in, FORWARD_CALLS, register_cpu_kernels
 
 RTOL, ATOL = 1e-10, 1e-14
 WORLD_SIZE = 2
@@ -37,18 +47,40 @@ CASES = [
     *(Case(1, (16, 14), schedule="InterleavedSeq1F1B", stages_per_rank=2,
            activation_checkpoint=mode)
       for mode in ("selective_op", "full")),
+    *(Case(1, (12, 10, 8), n_kv_heads=2, activation_checkpoint="selective_op",
+           documents=documents, kernel=kernel)
+      for kernel in ("varlen", "flash")
+      for documents in (None, DOCUMENTS)),
+    *(Case(1, (12, 10, 8), n_kv_heads=2, activation_checkpoint=mode, kernel="cuda_exact")
+      for mode in ("selective_op", "full")),
 ]
 
 
+def _backend(kernel: str):
+    if kernel == "exact":
+        return None
+    register_cpu_kernels()
+    if kernel == "varlen":
+        return StandIn("varlen", TorchFlashBackend())
+    if kernel == "flash":
+        return StandIn("flash", flash_attn_stand_in())
+    exact_cuda = functools.partial(lower_right_causal_attention_cuda, ops=torch.ops.aten)
+    return StandIn("cuda_exact", functools.partial(cuda_exact_path, exact_cuda))
+
+
 def _second_step_counted(rank: int, world_size: int, case: Case) -> tuple[int, dict]:
-    schedule, parts, indices = build_schedule(rank, world_size, case)
-    inputs, kwargs = step_inputs(rank, case, indices[-1] == world_size * case.stages_per_rank - 1)
+    schedule, parts, indices = build_schedule(rank, world_size, case, _backend(case.kernel))
+    inputs, kwargs = step_inputs(rank, case, holds_last_stage(case, world_size, indices))
     with backward_on_fresh_thread(case.device_thread):
         schedule.step(*inputs, **kwargs)
         for part in parts:
             part.zero_grad(set_to_none=True)
+        calls = sum(FORWARD_CALLS.values())
         with AttentionForwardCounter() as counter:
             schedule.step(*inputs, **kwargs)
+    if case.kernel != "exact":
+        # the kernels' own count agrees with the dispatch mode's
+        assert sum(FORWARD_CALLS.values()) - calls == counter.count, (FORWARD_CALLS, counter.count)
     return counter.count, {n: p.grad for part in parts for n, p in part.named_parameters()}
 
 
@@ -82,7 +114,9 @@ def _recomputed(case: Case, layers: list[int]) -> int:
 
 @pytest.mark.parametrize(
     "case", CASES,
-    ids=lambda c: f"{c.schedule}-{c.activation_checkpoint}{'-documents' if c.documents else ''}",
+    ids=lambda c: (
+        f"{c.kernel}-{c.schedule}-{c.activation_checkpoint}{'-documents' if c.documents else ''}"
+    ),
 )
 def test_attention_runs_once_per_unit_and_layer_unless_recomputed(runs, case):
     units = case.n_microbatches * len(case.lengths)

@@ -8,12 +8,15 @@ gradients, each microbatch's loss and logits with the single-process, unsplit
 reference (rtol 1e-10), and each stage's K/V store peak with the bytes its
 compute order must hold.
 
-Grid per schedule and pp: k in 1..4 x m in {1, 3} x uniform and balanced
+Grid per schedule at pp=2: k in 1..4 x m in {1, 3} x uniform and balanced
 plans, with MHA without checkpointing and GQA with "full"; plus a slice on
 the balanced plans (k, m) = (3, 3) and (4, 1): MHA with "full", GQA without,
 "selective_layer" (GQA at (3, 3), MHA at (4, 1)) and, for InterleavedSeq1F1B
 only, "selective_op" likewise (the split backward of the zero-bubble
 variants runs a selective-checkpoint region twice, which torch refuses).
+At pp=4, where four ranks share two cores, a diagonal of it: every k once
+on a balanced plan, m alternating 3 and 1, MHA without checkpointing and
+GQA with "full" in turn, and the selective modes of the slice.
 Every backward runs on a fresh thread (``Case.device_thread``).
 
 Negative controls: with the prefix dK/dV routing off, or with the first
@@ -77,7 +80,13 @@ def _balanced(k: int, n_kv_heads: int) -> tuple[int, ...]:
     return SegmentPlan.balanced(SEQ_LEN, k, cost).lengths
 
 
+# (k, m, n_kv_heads, activation_checkpoint) at pp=4, on balanced plans.
+DIAGONAL = [(1, 3, 4, "none"), (2, 1, 2, "full"), (3, 3, 4, "none"), (4, 1, 2, "full")]
+
+
 def _cases(schedule: str, pp: int) -> list[Case]:
+    if pp == 4:
+        return _diagonal(schedule)
     cases = []
     for k, m, (n_kv_heads, ac) in itertools.product(
         (1, 2, 3, 4), (1, 3), ((4, "none"), (2, "full"))
@@ -87,6 +96,17 @@ def _cases(schedule: str, pp: int) -> list[Case]:
     for (k, m), n_kv_heads, ac in SLICE:
         if ac != "selective_op" or schedule in SELECTIVE_OP_SCHEDULES:
             cases.append(_case(schedule, pp, m, _balanced(k, n_kv_heads), n_kv_heads, ac))
+    return cases
+
+
+def _diagonal(schedule: str) -> list[Case]:
+    cases = [
+        _case(schedule, 4, m, _balanced(k, n_kv_heads), n_kv_heads, ac)
+        for k, m, n_kv_heads, ac in DIAGONAL
+    ]
+    for (k, m), n_kv_heads, ac in SLICE:
+        if ac.startswith("selective") and (ac != "selective_op" or schedule in SELECTIVE_OP_SCHEDULES):
+            cases.append(_case(schedule, 4, m, _balanced(k, n_kv_heads), n_kv_heads, ac))
     return cases
 
 

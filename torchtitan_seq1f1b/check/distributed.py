@@ -17,6 +17,7 @@ from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.check import relative_error, Result, worst
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
 from torchtitan_seq1f1b.check.exactness import Case, pipelined_cases, reference
+from torchtitan_seq1f1b.integration.schedules import SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.check.titan_runs import (
     DEBUG_CONFIG,
     RunFailed,
@@ -31,7 +32,6 @@ WORLD_SIZE = 2
 STAGES_PER_RANK = {"Seq1F1B": 1, "InterleavedSeq1F1B": 2, "Seq1F1BZeroBubble": 1, "Seq1F1BZBV": 2}
 # Selective op checkpointing allows one backward per region; the split
 # input/weight backward of these schedules runs two, so they reject it.
-SPLIT_BACKWARD = ("Seq1F1BZeroBubble", "Seq1F1BZBV")
 FLOAT64_BOUND = 1e-10  # the schedules reorder float64 sums; nothing else differs
 TORCHTITAN_BOUND = 1e-4  # float32 losses and step-1 grad_norm, as in the tests
 
@@ -57,7 +57,7 @@ def _cases(device: torch.device) -> list[Case]:
         )
         for schedule, stages_per_rank in STAGES_PER_RANK.items()
         for mode in ACTIVATION_CHECKPOINT_MODES
-        if not (mode == "selective_op" and schedule in SPLIT_BACKWARD)
+        if not (mode == "selective_op" and schedule in SPLIT_BACKWARD_SCHEDULES)
     ]
 
 

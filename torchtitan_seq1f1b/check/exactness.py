@@ -202,6 +202,11 @@ def build_schedule(
     return schedule, parts, indices
 
 
+def holds_last_stage(case: Case, world_size: int, indices: list[int]) -> bool:
+    """Whether a rank holding stages ``indices`` (:func:`build_schedule`) holds the last."""
+    return indices[-1] == world_size * case.stages_per_rank - 1
+
+
 def step_inputs(rank: int, case: Case, has_last: bool) -> tuple[tuple, dict]:
     """What this rank passes to ``step()`` and ``eval()``: (args, kwargs)."""
     device = case.rank_device(rank)
@@ -223,7 +228,7 @@ def pipelined(
     (:func:`build_schedule`)."""
     schedule, parts, indices = build_schedule(rank, world_size, case, attention_backend)
     schedule.loss_normalizer = loss_normalizer
-    has_last = indices[-1] == world_size * case.stages_per_rank - 1
+    has_last = holds_last_stage(case, world_size, indices)
     inputs, kwargs = step_inputs(rank, case, has_last)
     losses: list = []
     with backward_on_fresh_thread(case.device_thread), recorded_p2p_receives() as received:

@@ -116,7 +116,10 @@ class TinyTransformer(nn.Module):
     def _checkpoint_kwargs(self) -> dict:
         if self.args.activation_checkpoint != "selective_op":
             return {}
-        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, _keep_matmuls_and_attention)}
+        # Read at every forward: a kernel package imported later registers its ops then.
+        saved = {torch.ops.aten.mm.default} | attention_forward_ops()
+        policy = functools.partial(_keep_matmuls_and_attention, saved)
+        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)}
 
     def stage(self, stage_index: int, num_stages: int) -> "TinyTransformer":
         """This model's part for ``stage_index`` of ``num_stages`` (layers split evenly)."""
@@ -138,11 +141,8 @@ class TinyTransformer(nn.Module):
         return part
 
 
-_SAVED_OPS = {torch.ops.aten.mm.default} | attention_forward_ops()
-
-
-def _keep_matmuls_and_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+def _keep_matmuls_and_attention(saved, ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def token_sum_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -6,15 +6,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.planner.calibrate import (
-    calibration_bytes,
     cached_calibration,
+    chain_within,
     CalibrationTarget,
     rank_chain_length,
 )
@@ -94,14 +93,7 @@ def calibration_target(request: AutoPlanRequest) -> CalibrationTarget:
         attention_backend=request.attention_backend,
         chained_blocks=rank_chain_length(request.shape.n_layers, request.num_ranks),
     )
-    budget = request.budget_bytes
-    while (
-        budget is not None
-        and target.chained_blocks > 1
-        and sum(calibration_bytes(target).values()) > budget
-    ):
-        target = dataclasses.replace(target, chained_blocks=target.chained_blocks - 1)
-    return target
+    return chain_within(target, request.budget_bytes)
 
 
 def plan_automatically(request: AutoPlanRequest) -> AutoPlan:

@@ -28,6 +28,7 @@ dtype, backend, chain, torch), so a job pays for it once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -65,6 +66,7 @@ __all__ = [
     "calibrate",
     "calibration_bytes",
     "cached_calibration",
+    "chain_within",
     "head_tokens",
     "rank_chain_length",
 ]
@@ -181,6 +183,18 @@ def calibration_bytes(target: CalibrationTarget) -> dict[str, int]:
         "blocks": target.chained_blocks * per_block_token * target.seq_len * rows,
         "head": head_per_token * head_tokens(target) * rows,
     }
+
+
+def chain_within(target: CalibrationTarget, budget_bytes: int | None) -> CalibrationTarget:
+    """``target`` with as many of its chained blocks as :func:`calibration_bytes` fits in
+    ``budget_bytes`` (one at least; all of them without a budget)."""
+    while (
+        budget_bytes is not None
+        and target.chained_blocks > 1
+        and sum(calibration_bytes(target).values()) > budget_bytes
+    ):
+        target = dataclasses.replace(target, chained_blocks=target.chained_blocks - 1)
+    return target
 
 
 def block_bytes_per_token(shape: TransformerCost, dtype: torch.dtype) -> int:

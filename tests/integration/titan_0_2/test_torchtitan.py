@@ -365,6 +365,8 @@ def test_auto_plan_over_the_budget_fails_on_every_rank(tmp_path, planner_cache):
     (rank 0 chose and told rank 1), neither hangs."""
     folder, _, cost = planner_cache
     budget_gib = 0.002
+    # calibration chains fewer blocks within so small a budget
+    write_calibration(folder, planner_job_target(cost, int(budget_gib * GIB)))
     with pytest.raises(NoPlanFitsError) as in_process:
         expected_recommendation(
             cost, 128, "Seq1F1B", 2, 1, 2, budget_bytes=int(budget_gib * GIB)

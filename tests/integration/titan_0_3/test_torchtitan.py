@@ -228,6 +228,7 @@ def test_auto_plan_within_the_budget_matches_unpipelined(run, unpipelined, plann
     # Just below the fastest plan's peak (in millionths of a GiB, as a flag gives it).
     budget_gib = math.floor((max(fastest.peak_bytes) - 1) / GIB * 1e6) / 1e6
     expected = _recommendation(cost, int(budget_gib * GIB)).best
+    cache_file = write_calibration(folder, planner_job_target(cost, int(budget_gib * GIB)))
     assert (expected.num_segments, expected.partition) != (fastest.num_segments, fastest.partition)
     assert expected.num_segments not in (1, 4)  # neither k=1 nor the config's k
     lengths = list(expected.plan.lengths)
@@ -261,6 +262,8 @@ def test_auto_plan_over_the_budget_fails_on_every_rank(tmp_path, planner_cache):
     (rank 0 chose and told rank 1), neither hangs."""
     folder, _, cost = planner_cache
     budget_gib = 0.002
+    # calibration chains fewer blocks within so small a budget
+    write_calibration(folder, planner_job_target(cost, int(budget_gib * GIB)))
     with pytest.raises(NoPlanFitsError) as in_process:
         _recommendation(cost, int(budget_gib * GIB))
     with pytest.raises(RunFailed) as failure:
