@@ -144,7 +144,7 @@ def _perf(device: torch.device, json_path: str | None) -> int:
                     "torch": torch.__version__,
                     "rows": [
                         {**dataclasses.asdict(row["run"]), "plan": list(row["run"].plan.lengths),
-                         "k": row["k"], "speedup": row.get("speedup", {})}
+                         "k": row["k"], "speedup": row["speedup"]}
                         for row in rows
                     ],
                 },

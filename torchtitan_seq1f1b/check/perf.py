@@ -39,7 +39,14 @@ from torchtitan_seq1f1b.tools.model_shapes import get_preset
 from torchtitan_seq1f1b.tools.simulate.config import SimConfig
 from torchtitan_seq1f1b.tools.simulate.step import simulate
 
-__all__ = ["PerfShape", "UnitsMeasured", "format_perf", "measure_units", "perf_results"]
+__all__ = [
+    "PerfShape",
+    "UnitsMeasured",
+    "format_perf",
+    "measure_units",
+    "perf_results",
+    "predicted_speedups",
+]
 
 MIB = 2**20
 
@@ -201,12 +208,11 @@ def measure_units(
             clock = _UnitClock(device)
             _one_pass(model, x, grad, plan, clock)
             passes.append(clock.seconds())
-            measured.peak_mib = clock.peaks or measured.peak_mib
         per_unit = [statistics.median(times) for times in zip(*passes)]
         measured.forward, backward = per_unit[:k], per_unit[k:]
         measured.backward = backward[::-1]  # segment order
-        if measured.peak_mib:
-            fwd, bwd = measured.peak_mib[:k], measured.peak_mib[k:][::-1]
+        if clock.peaks:  # the last pass's, per unit in segment order
+            fwd, bwd = clock.peaks[:k], clock.peaks[k:][::-1]
             measured.peak_mib = [max(f, b) for f, b in zip(fwd, bwd)]
     except torch.OutOfMemoryError:
         measured.error = "out of memory"
@@ -236,16 +242,23 @@ def _time_model(shape: PerfShape, runs: list[UnitsMeasured]) -> TimeModel:
     )
 
 
-def predicted_speedup(shape: PerfShape, runs: list[UnitsMeasured], pp: int, k: int) -> float:
-    """1F1B's predicted step time over Seq1F1B's with ``k`` segments, for ``shape.model``."""
+def predicted_speedups(shape: PerfShape, runs: list[UnitsMeasured]) -> dict[int, dict[int, float]]:
+    """Per k > 1 of ``runs`` and per pp, 1F1B's predicted step time over Seq1F1B's for
+    ``shape.model``, from one time model fitted to all of ``runs`` (one mode's)."""
     model = _time_model(shape, runs)
-    common = dict(
-        model=shape.model, seq_len=runs[0].seq_len, pp=pp,
-        microbatches=2 * pp, time_model=model, align=shape.align,
-    )
-    one_f_one_b = simulate(SimConfig(schedule="1F1B", **common)).makespan
-    seq1f1b = simulate(SimConfig(schedule="Seq1F1B", segments=k, **common)).makespan
-    return one_f_one_b / seq1f1b
+    speedups: dict[int, dict[int, float]] = {}
+    for pp in shape.pipeline_sizes:
+        common = dict(
+            model=shape.model, seq_len=runs[0].seq_len, pp=pp,
+            microbatches=2 * pp, time_model=model, align=shape.align,
+        )
+        one_f_one_b = simulate(SimConfig(schedule="1F1B", **common)).makespan
+        for run in runs:
+            k = run.plan.num_segments
+            if k > 1:
+                seq1f1b = simulate(SimConfig(schedule="Seq1F1B", segments=k, **common)).makespan
+                speedups.setdefault(k, {})[pp] = one_f_one_b / seq1f1b
+    return speedups
 
 
 def perf_results(device: torch.device, shape: PerfShape | None = None) -> list[dict]:
@@ -256,13 +269,11 @@ def perf_results(device: torch.device, shape: PerfShape | None = None) -> list[d
         for mode in ACTIVATION_CHECKPOINT_MODES:
             runs = [measure_units(shape, seq_len, mode, k, device) for k in shape.segment_counts]
             fitted = [run for run in runs if not run.error]
-            for k, run in zip(shape.segment_counts, runs):
-                row = {"run": run, "k": k}
-                if not run.error and len(fitted) > 1 and k > 1:
-                    row["speedup"] = {
-                        pp: predicted_speedup(shape, fitted, pp, k) for pp in shape.pipeline_sizes
-                    }
-                rows.append(row)
+            speedups = predicted_speedups(shape, fitted) if len(fitted) > 1 else {}
+            rows += [
+                {"run": run, "k": k, "speedup": speedups.get(k, {}) if not run.error else {}}
+                for k, run in zip(shape.segment_counts, runs)
+            ]
     return rows
 
 
@@ -283,7 +294,7 @@ def format_perf(rows: list[dict], shape: PerfShape) -> str:
             continue
         peak = f"{max(run.peak_mib) / 1024:.1f}" if run.peak_mib else "n/a"
         syncs = "n/a" if run.syncs is None else str(run.syncs)
-        speedup = row.get("speedup", {})
+        speedup = row["speedup"]
         lines.append(
             head
             + f"{sum(run.forward) * 1e3:>9.1f} {sum(run.backward) * 1e3:>9.1f} {peak:>8} "
