@@ -139,7 +139,8 @@ class PackedVarlen:
     the K/V view (batch, Lk, ...) read as one token sequence whose rows lie
     ``key_row_stride`` tokens apart, (batch - 1) * key_row_stride + Lk
     tokens: the buffer positions between two rows' keys form sequences with no
-    queries, whose key gradients the kernels write as zeros.
+    queries. Their key gradients fall outside the rows' keys, except a row's
+    first :attr:`SegmentDocuments.unread_keys`, which are set to zero.
 
     Attributes:
         cu_seqlens_q, cu_seqlens_k: (sequences + 1,) int32 on the device,
@@ -206,13 +207,18 @@ class SegmentDocuments:
             microbatch=microbatch,
         )
 
-    @property
+    @functools.cached_property
     def dense(self) -> bool:
         """Every row's queries lie in one document that starts at ``key_start``:
         plain bottom-right causal attention over the keys ``[key_start, end)``."""
         return all(len(b) == 2 for b in self.bounds_q) and all(
             s == self.key_start for s in self.row_key_start
         )
+
+    @functools.cached_property
+    def unread_keys(self) -> tuple[tuple[int, int], ...]:
+        """(row, n) for each row whose first n keys of ``[key_start, end)`` no query reads."""
+        return tuple((row, n) for row in range(len(self.row_key_start)) if (n := self.key_offset(row)))
 
     def key_offset(self, row: int) -> int:
         """Index of the row's first needed key among the keys ``[key_start, end)``."""

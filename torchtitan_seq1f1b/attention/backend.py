@@ -199,13 +199,10 @@ def packed_varlen(
     if layout is None or (k.shape[0] > 1 and layout.key_row_stride != stride):
         layout = documents.upload_varlen(q.device, stride)
     batch, q_len = q.shape[:2]
-    unread = tuple(
-        (row, documents.key_offset(row)) for row in range(batch) if documents.key_offset(row)
-    )
     out = kernel(
         q.reshape(batch * q_len, *q.shape[2:]),
-        _RowsAsTokens.apply(k, stride, unread),
-        _RowsAsTokens.apply(v, stride, unread),
+        _RowsAsTokens.apply(k, stride, documents.unread_keys),
+        _RowsAsTokens.apply(v, stride, documents.unread_keys),
         layout.cu_seqlens_q,
         layout.cu_seqlens_k,
         layout.max_seqlen_q,
