@@ -26,6 +26,7 @@ from torchtitan_seq1f1b import kv_store
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.attention import SDPABackend
 from torchtitan_seq1f1b.check import exactness, segmented
+from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.local_ranks import RankFailure, run_ranks
 from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, REPO, Run, RunFailed, TEST_ARGS, torchrun
@@ -190,6 +191,34 @@ def pipelined(rank: int, world_size: int, case: Case, loss_normalizer: float | N
 
 def pipelined_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]:
     return [pipelined(rank, world_size, case) for case in cases]
+
+
+def second_step_under(
+    rank: int, world_size: int, case: Case, backend, counted: contextlib.AbstractContextManager
+) -> list:
+    """Build ``case``'s schedule on this rank with ``backend`` (None: exact), run a step
+    (its first also runs torch's shape inference), then a second inside ``counted``,
+    backward on a fresh thread as the case says; returns the rank's model parts."""
+    schedule, parts, indices = exactness.build_schedule(rank, world_size, case, backend)
+    has_last = exactness.holds_last_stage(case, world_size, indices)
+    inputs, kwargs = exactness.step_inputs(rank, case, has_last)
+    with backward_on_fresh_thread(case.device_thread):
+        schedule.step(*inputs, **kwargs)
+        for part in parts:
+            part.zero_grad(set_to_none=True)
+        with counted:
+            schedule.step(*inputs, **kwargs)
+    return parts
+
+
+def _each_case(rank: int, world_size: int, worker, cases: list[Case]) -> list:
+    return [worker(rank, world_size, case) for case in cases]
+
+
+def runs_by_case(worker, world_size: int, cases: list[Case], timeout: float = 600) -> dict:
+    """``{case: [worker(rank, world_size, case) for each rank]}``, all cases in one launch."""
+    per_rank = run_ranks(_each_case, world_size, worker, cases, timeout=timeout)
+    return {case: [rank[i] for rank in per_rank] for i, case in enumerate(cases)}
 
 
 def _reads_back(ids: torch.Tensor | None, plan: SegmentPlan) -> list[int | None]:

@@ -18,10 +18,8 @@ import pytest
 import torch
 
 from torchtitan_seq1f1b.check.counters import HostTransferCounter
-from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
-from torchtitan_seq1f1b.check.exactness import build_schedule, holds_last_stage, step_inputs
 
-from tests.harness import Case, run_ranks
+from tests.harness import Case, runs_by_case, second_step_under
 from tests.kernel_fakes import stand_in_backend
 
 WORLD_SIZE = 2
@@ -41,25 +39,14 @@ CASES = [
 
 def _second_step_transfers(rank: int, world_size: int, case: Case) -> tuple[int, int]:
     backend = None if case.kernel == "exact" else stand_in_backend(case.kernel)[0]
-    schedule, parts, indices = build_schedule(rank, world_size, case, backend)
-    inputs, kwargs = step_inputs(rank, case, holds_last_stage(case, world_size, indices))
-    with backward_on_fresh_thread(case.device_thread):
-        schedule.step(*inputs, **kwargs)
-        for part in parts:
-            part.zero_grad(set_to_none=True)
-        with HostTransferCounter() as counter:
-            schedule.step(*inputs, **kwargs)
+    counter = HostTransferCounter()
+    second_step_under(rank, world_size, case, backend, counter)
     return counter.reads, counter.uploads
-
-
-def _counted(rank: int, world_size: int, cases: list[Case]) -> list[tuple[int, int]]:
-    return [_second_step_transfers(rank, world_size, case) for case in cases]
 
 
 @pytest.fixture(scope="module")
 def counts():
-    per_rank = run_ranks(_counted, WORLD_SIZE, CASES, timeout=600)
-    return {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
+    return runs_by_case(_second_step_transfers, WORLD_SIZE, CASES)
 
 
 @pytest.mark.parametrize("kernel", ["exact", "varlen"])

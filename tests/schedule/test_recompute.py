@@ -20,19 +20,18 @@ ops' names (:mod:`tests.registered_kernels`), which count their own calls
 too, dense and with packed documents.
 """
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import pytest
 import torch
 
-from torchtitan_seq1f1b.check.counters import AttentionForwardCounter
-from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
-from torchtitan_seq1f1b.check.exactness import build_schedule, holds_last_stage, step_inputs
-
 from torchtitan_seq1f1b.attention import TorchFlashBackend
 from torchtitan_seq1f1b.attention.cuda_mem_efficient import lower_right_causal_attention_cuda
+from torchtitan_seq1f1b.check.counters import AttentionForwardCounter
 
-from tests.harness import Case, reference, run_ranks
+from tests.harness import Case, reference, runs_by_case, second_step_under
 from tests.kernel_fakes import cuda_exact_path, StandIn
 from tests.registered_kernels import flash_attn_stand_in, FORWARD_CALLS, register_cpu_kernels
 
@@ -68,30 +67,27 @@ def _backend(kernel: str):
     return StandIn("cuda_exact", functools.partial(cuda_exact_path, exact_cuda))
 
 
-def _second_step_counted(rank: int, world_size: int, case: Case) -> tuple[int, dict]:
-    schedule, parts, indices = build_schedule(rank, world_size, case, _backend(case.kernel))
-    inputs, kwargs = step_inputs(rank, case, holds_last_stage(case, world_size, indices))
-    with backward_on_fresh_thread(case.device_thread):
-        schedule.step(*inputs, **kwargs)
-        for part in parts:
-            part.zero_grad(set_to_none=True)
-        calls = sum(FORWARD_CALLS.values())
-        with AttentionForwardCounter() as counter:
-            schedule.step(*inputs, **kwargs)
-    if case.kernel != "exact":
-        # the kernels' own count agrees with the dispatch mode's
+@contextlib.contextmanager
+def _kernels_agree(counter: AttentionForwardCounter, kernel: str) -> Iterator[None]:
+    """``counter`` active; the registered kernels' own count of the same calls agrees."""
+    calls = sum(FORWARD_CALLS.values())
+    with counter:
+        yield
+    if kernel != "exact":
         assert sum(FORWARD_CALLS.values()) - calls == counter.count, (FORWARD_CALLS, counter.count)
+
+
+def _second_step_counted(rank: int, world_size: int, case: Case) -> tuple[int, dict]:
+    counter = AttentionForwardCounter()
+    parts = second_step_under(
+        rank, world_size, case, _backend(case.kernel), _kernels_agree(counter, case.kernel)
+    )
     return counter.count, {n: p.grad for part in parts for n, p in part.named_parameters()}
-
-
-def _counted_cases(rank: int, world_size: int, cases: list[Case]) -> list[tuple[int, dict]]:
-    return [_second_step_counted(rank, world_size, case) for case in cases]
 
 
 @pytest.fixture(scope="module")
 def runs():
-    per_rank = run_ranks(_counted_cases, WORLD_SIZE, CASES, timeout=600)
-    return {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
+    return runs_by_case(_second_step_counted, WORLD_SIZE, CASES)
 
 
 def _layers_of_rank(case: Case, rank: int) -> list[int]:
