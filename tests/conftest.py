@@ -45,10 +45,10 @@ def pytest_runtest_makereport(item, call):
 # uneven plan with every checkpointing mode, each variant, packed documents, eval,
 # pre-split inputs and torch's own 1F1B order.
 SMOKE = {
-    "tests/schedule/test_exactness.py": ("pp2-m2-",),
-    "tests/schedule/test_variants_exactness.py": ("-pp2]",),
-    "tests/schedule/test_documents_exactness.py": ("[Seq1F1B-",),
-    "tests/schedule/test_presplit_inputs.py": ("",),
+    "tests/schedules/test_exactness.py": ("pp2-m2-",),
+    "tests/schedules/test_variants_exactness.py": ("-pp2]",),
+    "tests/schedules/test_documents_exactness.py": ("[Seq1F1B-",),
+    "tests/schedules/test_presplit_inputs.py": ("",),
     "tests/orders/test_orders.py": ("test_one_segment_is_torch_1f1b",),
     "tests/planner/test_planner.py": ("test_calibration",),
 }
@@ -64,18 +64,15 @@ def _calibration_cache(tmp_path_factory):
 
 # CI runs these on the main stack (torchtitan 0.2.2, torch 2.13) only; its torch 2.15
 # stack deselects them (``-m "not main_stack_only"``). Per path prefix, the node ids:
-# arithmetic torch does not run (segment plans, the simulator, the tools), the benchmark's
-# probes, and the pp=4 twins of the float64 grids and the order grids validated through
+# arithmetic torch does not run (segment plans, the simulator, the tools), and the pp=4 twins of the float64 grids and the order grids validated through
 # torch's lowering (both stacks run them at pp=2 and torch's own orders).
 # test_documented_commands.py marks its commands that are not torchtitan 0.3 jobs.
 MAIN_STACK_ONLY = {
     "tests/tools/": ("",),
     "tests/segmenting/": ("",),
-    "tests/planner/test_pipeline_units.py": ("",),
-    "tests/planner/test_runtime_overhead.py": ("",),
     "tests/orders/test_orders.py": ("test_every_",),
-    "tests/schedule/test_exactness.py": ("[pp4-",),
-    "tests/schedule/test_variants_exactness.py": ("-pp4]",),
+    "tests/schedules/test_exactness.py": ("[pp4-",),
+    "tests/schedules/test_variants_exactness.py": ("-pp4]",),
 }
 
 

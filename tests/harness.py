@@ -31,7 +31,7 @@ from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.local_ranks import RankFailure, run_ranks
 from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, REPO, Run, RunFailed, TEST_ARGS, torchrun
 from torchtitan_seq1f1b.kv_store import KVStore
-from torchtitan_seq1f1b.schedule import runtime as schedule_runtime
+from torchtitan_seq1f1b.schedules import runtime as schedule_runtime
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.kernel_fakes import stand_in_backend

@@ -125,7 +125,7 @@ def test_the_readme_and_docs_show_the_main_commands():
     assert commands[0].startswith("torchrun --nproc_per_node 2 -m torchtitan.train")
     assert commands[1] == "python -m pytest tests -q"
     assert "python -m torchtitan_seq1f1b.simulate --schedule all" in commands
-    assert smoke("python -m torchtitan_seq1f1b.bench --steps 9 -m 2", REPO)[2:] == [
+    assert smoke("python -m benchmarks.cpu_bench --steps 9 -m 2", REPO)[2:] == [
         "torchtitan_seq1f1b.bench", "--steps", "1", "-m", "2", "--quick",
         "--schedules", "1F1B", "Seq1F1B",
     ]

@@ -20,7 +20,7 @@ from torchtitan_seq1f1b.orders import (
     seq1f1b_zero_bubble_order,
     validate_order,
 )
-from torchtitan_seq1f1b.schedule import (
+from torchtitan_seq1f1b.schedules import (
     ScheduleInterleavedSeq1F1B,
     ScheduleSeq1F1B,
     ScheduleSeq1F1BZBV,

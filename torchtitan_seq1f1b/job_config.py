@@ -13,11 +13,11 @@ closest valid one.
 
 from dataclasses import dataclass, field
 
-from torchtitan_seq1f1b.integration.options import Seq1F1B
+from torchtitan_seq1f1b.integration.options import Seq1F1BOptions
 
 __all__ = ["JobConfig", "Seq1F1B"]
 
 
 @dataclass
 class JobConfig:
-    seq1f1b: Seq1F1B = field(default_factory=Seq1F1B)
+    seq1f1b: Seq1F1BOptions = field(default_factory=Seq1F1BOptions)

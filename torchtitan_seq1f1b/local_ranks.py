@@ -1,8 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Run a function on several local ranks: gloo on CPU (the planner's runtime probe, tests,
-benchmark), or NCCL with one GPU per rank (``python -m torchtitan_seq1f1b.check``)."""
+"""Run a function on several local ranks: gloo on CPU (tests, benchmarks), or NCCL with one GPU per rank (``python -m torchtitan_seq1f1b.check``)."""
 
 import multiprocessing
 import os
@@ -29,6 +28,8 @@ def _entry(worker, rank, world_size, port, results, backend, group_timeout, args
     # One intra-op thread per rank: ranks share the machine's cores.
     torch.set_num_threads(1)
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    # Under torchrun, rank 0 would join the agent's store instead of serving its own.
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)

@@ -10,7 +10,7 @@ representative slice of the exactness grid per adapter: uneven plans, GQA
 and MHA, activation checkpointing with backward on a fresh thread, a
 split-backward and an interleaved variant, and packed documents (where the
 varlen adapters call their kernels' varlen entry points); compared with the
-unsplit exact reference like tests/schedule/test_exactness.py (rtol 1e-10).
+unsplit exact reference like tests/schedules/test_exactness.py (rtol 1e-10).
 """
 
 import pytest

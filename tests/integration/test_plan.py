@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from torchtitan_seq1f1b.local_ranks import run_ranks
-from torchtitan_seq1f1b.integration import plan as integration_plan
-from torchtitan_seq1f1b.integration.options import KERNEL_TILE, Seq1F1B
-from torchtitan_seq1f1b.integration.plan import PlannerJob, plan_segments, Seq1F1BConfigError
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.integration import segment_plan as integration_plan
+from torchtitan_seq1f1b.integration.options import KERNEL_TILE, Seq1F1BOptions
+from torchtitan_seq1f1b.integration.segment_plan import PlannerJob, plan_segments, Seq1F1BConfigError
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
 SHAPE = TransformerCost(
     n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
 )
-AUTO = Seq1F1B(num_segments="auto", partition="auto", memory_budget_gib=1.0)
+AUTO = Seq1F1BOptions(num_segments="auto", partition="auto", memory_budget_gib=1.0)
 GROUP_TIMEOUT = 3  # seconds a collective waits
 
 
@@ -86,7 +86,7 @@ def test_the_other_ranks_outwait_a_collective_timeout():
 
 
 def test_segments_align_to_the_kernel_tile_on_cuda_by_default():
-    options = Seq1F1B(num_segments=4)
+    options = Seq1F1BOptions(num_segments=4)
     assert options.segment_align(1, 32768, on_cuda=True) == KERNEL_TILE
     assert options.segment_align(2, 32768, on_cuda=True) == KERNEL_TILE
     assert options.segment_align(3, 32768, on_cuda=True) == 3 * KERNEL_TILE
@@ -94,14 +94,14 @@ def test_segments_align_to_the_kernel_tile_on_cuda_by_default():
     # a sequence that does not hold k tiles, or is no multiple of one, keeps 1
     assert options.segment_align(1, 4 * KERNEL_TILE - 8, on_cuda=True) == 1
     assert options.segment_align(1, 3 * KERNEL_TILE, on_cuda=True) == 1
-    assert Seq1F1B(align=8).segment_align(2, 32768, on_cuda=True) == 8
+    assert Seq1F1BOptions(align=8).segment_align(2, 32768, on_cuda=True) == 8
     with pytest.raises(ValueError, match="seq1f1b.align=-1 must be an integer >= 0"):
-        Seq1F1B(align=-1).segment_align(1, 32768, on_cuda=True)
+        Seq1F1BOptions(align=-1).segment_align(1, 32768, on_cuda=True)
 
 
 def test_the_default_plan_on_cuda_is_in_kernel_tiles(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    plan = plan_segments(Seq1F1B(num_segments=4), 32768, 1, SHAPE)
+    plan = plan_segments(Seq1F1BOptions(num_segments=4), 32768, 1, SHAPE)
     assert all(n % KERNEL_TILE == 0 for n in plan.lengths)
     with pytest.raises(Seq1F1BConfigError, match="seq1f1b.align=-2 must be"):
-        plan_segments(Seq1F1B(align=-2), 32768, 1, SHAPE)
+        plan_segments(Seq1F1BOptions(align=-2), 32768, 1, SHAPE)

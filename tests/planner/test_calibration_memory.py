@@ -20,8 +20,8 @@ from torchtitan_seq1f1b.planner.calibrate import (
     HEAD_LOGITS_BYTES,
     head_tokens,
 )
-from torchtitan_seq1f1b.planner.time_model import NOT_CHARGED, RuntimeOverhead, TimeModel
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.planner.time_model import NOT_CHARGED, TimeModel
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import TransformerCost
 from torchtitan_seq1f1b.tools.model_shapes import get_preset
 
@@ -68,7 +68,6 @@ def test_a_cpu_calibration_times_the_head_over_fewer_tokens(monkeypatch):
     timed = []
     measure = calibration._measure
     monkeypatch.setattr(calibration, "HEAD_LOGITS_BYTES", 64 * 512 * 12)
-    monkeypatch.setattr(calibration, "_runtime_overhead", lambda target: RuntimeOverhead())
     monkeypatch.setattr(
         calibration, "_measure",
         lambda component, target, extra, seq_len: timed.append(seq_len)

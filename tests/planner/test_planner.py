@@ -15,9 +15,11 @@ import torch
 
 from torchtitan_seq1f1b.orders import replay, seq1f1b_order
 from torchtitan_seq1f1b.planner import (
+    CACHE_ENV,
     cached_calibration,
     calibrate,
     CalibrationTarget,
+    HostProbes,
     causal_pairs,
     estimate,
     fit_unit_time,
@@ -34,7 +36,7 @@ from torchtitan_seq1f1b.planner import (
     UnitTime,
 )
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 SHAPE = TransformerCost(
@@ -198,15 +200,6 @@ def test_pipeline_shape_refuses_more_stages_than_blocks():
 RUNTIME_OVERHEAD = RuntimeOverhead(per_action=4e-4, per_token=3e-7, per_step=2e-3)
 
 
-@pytest.fixture(autouse=True)
-def _fixed_runtime_overhead(monkeypatch):
-    """Calibrations here check the units; the runtime probe has its own tests (test_runtime_overhead)."""
-    calibrate_module = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
-    monkeypatch.setattr(
-        calibrate_module, "measure_runtime_overhead", lambda *args, **kwargs: RUNTIME_OVERHEAD
-    )
-
-
 def _target(**changes) -> CalibrationTarget:
     fields = dict(shape=SHAPE, seq_len=64, attention_backend="sdpa", repeats=1)
     fields.update(changes)
@@ -221,9 +214,27 @@ def test_calibration_fits_positive_times_and_the_store_layout():
     assert model.kv_bytes == 2 * SHAPE.kv_dim * 4
     assert model.kv_grad_bytes == model.kv_bytes
     assert model.block_activation_bytes > 0 and model.head_activation_bytes > 0
-    assert model.runtime == RUNTIME_OVERHEAD
-    assert model.calibrated_for == _target().key()
+    # A job's calibration charges nothing for the runtime's host work (it overlaps the device's).
+    assert model.runtime == RuntimeOverhead()
+    assert model.calibrated_for == {**_target().key(), "host_probes": False}
     assert TimeModel.from_json(model.to_json()) == model
+
+
+def test_host_probes_add_the_runtime_cost_and_their_own_cache_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    probes = HostProbes(
+        unit_fits=lambda target: pytest.fail("one contender times units alone"),
+        runtime_overhead=lambda target: RUNTIME_OVERHEAD,
+    )
+    probed, probed_path, _ = cached_calibration(_target(), probes=probes)
+    plain, plain_path, _ = cached_calibration(_target())
+    assert probed.runtime == RUNTIME_OVERHEAD and plain.runtime == RuntimeOverhead()
+    assert probed.calibrated_for["host_probes"] and probed_path != plain_path
+
+
+def test_ranks_sharing_the_host_need_host_probes():
+    with pytest.raises(ValueError, match="contenders=2 needs HostProbes"):
+        calibrate(_target(contenders=2))
 
 
 def test_calibration_banks_bf16_gradients_in_fp32():

@@ -6,7 +6,7 @@
 Action IR, lowering passes, a stage's cached forward outputs and gradient
 finalisation, as these versions define them. torch 2.14 only added pre-split
 ``arg_mbs``/``kwarg_mbs``/``target_mbs`` to ``step()``/``eval()``, which
-:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1B` takes on every version.
+:class:`~torchtitan_seq1f1b.stepping.ScheduleSeq1F1B` takes on every version.
 """
 
 from typing import Any

@@ -28,6 +28,8 @@ from torchtitan_seq1f1b.segmenting import TransformerCost
 
 __all__ = [
     "ACTIVATION_CHECKPOINT_MODES",
+    "BENCH_MODEL",
+    "BENCH_SEQ_LEN",
     "TinyTransformer",
     "TinyTransformerArgs",
     "token_sum_cross_entropy",
@@ -70,6 +72,15 @@ class TinyTransformerArgs:
             vocab_size=self.vocab_size,
             gated_mlp=True,
         )
+
+
+# The CPU benchmark's model (benchmarks/) and the charts' default: one step of 1F1B at
+# pp=2, m=2 is long enough on one core per rank for compute to dominate gloo and Python.
+BENCH_MODEL = TinyTransformerArgs(
+    vocab_size=2048, dim=256, n_layers=8, n_heads=8, n_kv_heads=2, ffn_hidden_dim=768,
+    attention_backend="sdpa",
+)
+BENCH_SEQ_LEN = 1024
 
 
 class TinyTransformer(nn.Module):

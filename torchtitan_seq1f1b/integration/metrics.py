@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_seq1f1b.orders import equal_cost_bubble
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["Seq1F1BFigures"]
 

@@ -13,14 +13,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["KERNEL_TILE", "Seq1F1B"]
+__all__ = ["KERNEL_TILE", "Seq1F1BOptions"]
 
 KERNEL_TILE = 128
 """Tokens per tile of the CUDA attention kernels' query and key blocks."""
 
 
 @dataclass
-class Seq1F1B:
+class Seq1F1BOptions:
     num_segments: int | Literal["auto"] = 4
     """
     Segments k every microbatch's sequence is cut into. The first pipeline

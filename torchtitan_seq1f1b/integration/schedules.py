@@ -9,7 +9,7 @@ stage layout, which torchtitan's model splitting and stage-count rules know.
 
 from dataclasses import dataclass
 
-from torchtitan_seq1f1b.schedule import (
+from torchtitan_seq1f1b.schedules import (
     ScheduleInterleavedSeq1F1B,
     ScheduleSeq1F1B,
     ScheduleSeq1F1BZBV,

@@ -18,7 +18,7 @@ from torchtitan_seq1f1b.data.recall import (
     RecallSpec,
 )
 from torchtitan_seq1f1b.data.register import DATASET_NAMES
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["JobFacts", "run_summary"]
 

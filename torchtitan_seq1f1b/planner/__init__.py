@@ -6,12 +6,6 @@
 - :mod:`.calibrate`: time a chain of blocks (as many as a rank holds) and the
   head of the job's shape, segment by segment, on its device and dtype; fit
   and cache a :class:`TimeModel`;
-- :mod:`.pipeline_units`: the same units timed inside short pipeline steps
-  on local ranks, where ranks share a host's CPU cores (with the compute-call
-  recorder of :mod:`.compute_spans`);
-- :mod:`.runtime_overhead`: what the pipeline runtime costs per action
-  around the units, probed through it on two local ranks (both probes build
-  a rank's pipeline with :mod:`.probe_pipeline`);
 - :mod:`.time_model`: the fitted unit times, per-token bytes and runtime cost;
 - :mod:`.estimate`: one plan's predicted step time, bubble and per-rank
   memory under a schedule's real order;
@@ -34,6 +28,7 @@ from torchtitan_seq1f1b.planner.calibrate import (
     cached_calibration,
     calibrate,
     CalibrationTarget,
+    HostProbes,
     MAX_CHAINED_BLOCKS,
     rank_chain_length,
 )
@@ -53,7 +48,6 @@ from torchtitan_seq1f1b.planner.estimate import (
     PlanEstimate,
 )
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
-from torchtitan_seq1f1b.planner.runtime_overhead import measure_runtime_overhead
 from torchtitan_seq1f1b.planner.time_model import (
     causal_pairs,
     fit_unit_time,
@@ -78,6 +72,7 @@ __all__ = [
     "Recommendation",
     "RuntimeOverhead",
     "CalibrationTarget",
+    "HostProbes",
     "TimeModel",
     "UnitTime",
     "cached_calibration",
@@ -86,7 +81,6 @@ __all__ = [
     "estimate",
     "even_stage_blocks",
     "fit_unit_time",
-    "measure_runtime_overhead",
     "plan_automatically",
     "prefix_rectangle",
     "rank_chain_length",

@@ -10,19 +10,12 @@ job's dims, as many as a pipeline rank holds (up to
 (forwards in order, then backwards last segment first), once with whole
 backwards (B) and once split into input and weight gradients (I, W) the way
 torch's zero-bubble stages split them. The final norm, LM head and summed
-cross-entropy are timed the same way. A block's time depends on the blocks
-chained with it: on a CPU, a block's W in a chain of four took 9-11% longer
-than a block's alone, and a calibration of one block priced a rank's units too
-fast. Each unit keeps its fastest of several passes: a shared host's speed
-drifts by several percent over seconds, and a median of three passes let slow
-stretches move I against B (and so a zero-bubble prediction) by up to 11% from
-one calibration to the next.
-Where pipeline ranks share a host's CPU cores, units timed alone ran 6-13%
-faster than inside a step, by different factors for different plans; there
-the units are timed inside short pipeline steps of the same chains instead
-(:mod:`.pipeline_units`), on as many local ranks as share the host.
-On the CPU, what the pipeline runtime adds around the units is measured too
-(:mod:`.runtime_overhead`). The fit is cached per (shape, seq_len, device,
+cross-entropy are timed the same way. Blocks are timed
+as a chain because a block's time depends on the blocks chained with it, and
+each unit keeps its fastest of several passes because a shared host's speed
+drifts. Where pipeline ranks share one host's CPU cores, :class:`HostProbes`
+(the CPU benchmark's) time units inside pipeline steps instead and add the
+runtime's own cost per action. The fit is cached per (shape, seq_len, device,
 dtype, backend, chain, torch), so a job pays for it once.
 """
 
@@ -32,6 +25,7 @@ import dataclasses
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
@@ -45,8 +39,6 @@ from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.planner.llama_block import BlockChain, OutputHead, summed_cross_entropy
-from torchtitan_seq1f1b.planner.runtime_overhead import measure_runtime_overhead
-from torchtitan_seq1f1b.planner.pipeline_units import measure_pipeline_units
 from torchtitan_seq1f1b.planner.time_model import (
     fit_unit_time,
     KINDS,
@@ -60,6 +52,7 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 __all__ = [
     "CACHE_ENV",
     "CalibrationTarget",
+    "HostProbes",
     "HEAD_LOGITS_BYTES",
     "MAX_CHAINED_BLOCKS",
     "block_bytes_per_token",
@@ -73,11 +66,10 @@ __all__ = [
 
 CACHE_ENV = "SEQ1F1B_CALIBRATION_CACHE"
 # Bumped when what is measured changes, so older cached fits are measured again.
-_METHOD = 6
+_METHOD = 7
 MAX_CHAINED_BLOCKS = 4
-"""The chain's time and memory come on top of the job's on its device and grow with its length.
-Past four, a block's F, B and I moved under 4% on the bench model's CPU, its W up to 9%
-(at eight): a rank of more blocks is priced that much fast in W."""
+"""The chain's time and memory come on top of the job's on its device and grow with its
+length; past four blocks a block's unit times barely move (docs/planner.md)."""
 HEAD_LOGITS_BYTES = 2**31
 """Bytes of logits (and their fp32 copies) the head is timed with at most (:func:`head_tokens`)."""
 _Samples = dict[str, list[tuple[int, int, float]]]  # per kind: (length, end, seconds)
@@ -97,8 +89,7 @@ class CalibrationTarget:
         repeats: timed passes per plan (each unit's fastest is kept), after one warm-up,
             where units are timed alone.
         contenders: pipeline ranks that share this host's CPU cores during a
-            step (``device`` "cpu"); with more than one, units are timed inside
-            pipeline steps on that many local ranks.
+            step (``device`` "cpu"); more than one needs :class:`HostProbes`.
         chained_blocks: blocks timed as one chain, whose unit times are split
             evenly among them; a job chains as many as a rank holds
             (:func:`rank_chain_length`).
@@ -150,6 +141,28 @@ class CalibrationTarget:
             "method": _METHOD,
             "torch": torch.__version__,
         }
+
+
+UnitFits = tuple[dict[str, UnitTime], dict[str, UnitTime]]
+"""A block's and the head's unit time per kind (F, B, I, W)."""
+
+
+@dataclass(frozen=True)
+class HostProbes:
+    """Measurements for pipeline ranks that compute on one host's CPU cores.
+
+    Off such a host (a job on GPUs) units are timed alone, and the runtime's
+    host work overlaps the device's. The CPU benchmark (``benchmarks/``)
+    supplies both.
+
+    Args:
+        unit_fits: times the target's units inside pipeline steps on
+            ``target.contenders`` local ranks.
+        runtime_overhead: the runtime's own cost per action around the units.
+    """
+
+    unit_fits: Callable[[CalibrationTarget], UnitFits]
+    runtime_overhead: Callable[[CalibrationTarget], RuntimeOverhead]
 
 
 def head_tokens(target: CalibrationTarget) -> int:
@@ -356,61 +369,6 @@ def _activation_bytes(
     return (saved.nbytes - kv) / seq_len, kv / seq_len
 
 
-def _runtime_overhead(target: CalibrationTarget) -> RuntimeOverhead:
-    """The runtime's own cost per action where ranks compute on the host: where units are
-    timed inside pipeline steps, only what it spends outside their calls.
-
-    On a GPU the runtime's host work runs while the device works through the
-    kernels queued before it, so it is left out there: the device waits for
-    the host only on units shorter than their launches, which the units'
-    ``per_unit`` (timed with the device synchronised) already prices.
-    """
-    if torch.device(target.device).type != "cpu":
-        return RuntimeOverhead()
-    return measure_runtime_overhead(
-        target.seq_len,
-        target.shape.dim,
-        target.microbatch_size,
-        target.dtype,
-        outside_calls=target.contenders > 1,
-    )
-
-
-def _pipeline_fits(target: CalibrationTarget) -> tuple[dict[str, UnitTime], dict[str, UnitTime]]:
-    """A block's and the head's unit times from units timed inside pipeline steps
-    (:mod:`.pipeline_units`) on ``target.contenders`` local ranks."""
-    count = target.chained_blocks
-    times = measure_pipeline_units(
-        target.shape,
-        target.seq_len,
-        ranks=target.contenders,
-        chained_blocks=count,
-        microbatch_size=target.microbatch_size,
-        dtype=target.dtype,
-        attention_backend=target.attention_backend,
-    )
-    # Residuals relative to the plan's time rather than the unit's: a step's error is its units'
-    # errors in seconds, and relative to the unit, k = 16's short units outweighed k = 2's
-    # (which the fit then priced up to 7% fast in the step).
-    block = {
-        kind: fit_unit_time(
-            [(n, end, t) for n, end, t, _ in times.block[kind]],
-            scale=[plan for *_, plan in times.block[kind]],
-        )
-        for kind in KINDS
-    }
-    # The head is what the last stage takes beyond its blocks, relative to the stage's plan.
-    head = {
-        kind: fit_unit_time(
-            [(n, end, t - count * block[kind](n, end)) for n, end, t, _ in times.last_stage[kind]],
-            with_pairs=False,
-            scale=[plan for *_, plan in times.last_stage[kind]],
-        )
-        for kind in KINDS
-    }
-    return block, head
-
-
 def _direct_fits(
     target: CalibrationTarget, chain: nn.Module, positions: torch.Tensor
 ) -> tuple[dict[str, UnitTime], dict[str, UnitTime]]:
@@ -433,17 +391,21 @@ def _direct_fits(
     )
 
 
-def calibrate(target: CalibrationTarget) -> TimeModel:
+def calibrate(target: CalibrationTarget, probes: HostProbes | None = None) -> TimeModel:
     """Time a chain of blocks and the head on ``target.device`` and fit a block's and the head's
-    unit times: inside pipeline steps where ``target.contenders`` ranks share the host, else
-    alone on the device."""
+    unit times: alone on the device, or with ``probes`` where ranks share a host's cores."""
+    if target.contenders > 1 and probes is None:
+        raise ValueError(
+            f"contenders={target.contenders} needs HostProbes that time units inside "
+            "pipeline steps on that many local ranks (benchmarks/planner_probes)"
+        )
     device = torch.device(target.device)
     shape = target.shape
     count = target.chained_blocks
     chain = BlockChain(shape, count, target.attention_backend).to(device, target.dtype)
     positions = torch.arange(target.seq_len, device=device)[None]
     if target.contenders > 1:
-        block, head = _pipeline_fits(target)
+        block, head = probes.unit_fits(target)
     else:
         block, head = _direct_fits(target, chain, positions)
     inputs = torch.randn(
@@ -467,8 +429,8 @@ def calibrate(target: CalibrationTarget) -> TimeModel:
         kv_bytes=kv_bytes,
         # KVStore banks prefix gradients in fp32 (or wider) whatever the K/V dtype.
         kv_grad_bytes=kv_bytes * max(4, target.dtype.itemsize) / target.dtype.itemsize,
-        runtime=_runtime_overhead(target),
-        calibrated_for=target.key(),
+        runtime=RuntimeOverhead() if probes is None else probes.runtime_overhead(target),
+        calibrated_for=_measured_for(target, probes),
     )
 
 
@@ -480,24 +442,28 @@ def _cache_dir() -> Path:
     return Path(base) / "torchtitan_seq1f1b" / "calibration"
 
 
+def _measured_for(target: CalibrationTarget, probes: HostProbes | None) -> dict:
+    return {**target.key(), "host_probes": probes is not None}
+
+
 def cached_calibration(
-    target: CalibrationTarget, refresh: bool = False
+    target: CalibrationTarget, refresh: bool = False, probes: HostProbes | None = None
 ) -> tuple[TimeModel, Path, bool]:
-    """``calibrate(target)``, read from the cache when this target was measured before.
+    """``calibrate(target, probes)``, read from the cache when it was measured before.
 
     Returns the model, its cache file and whether it came from the cache. The
     directory is ``$SEQ1F1B_CALIBRATION_CACHE``, else
     ``~/.cache/torchtitan_seq1f1b/calibration``. ``refresh`` measures again
     (e.g. the cached run shared the machine with other work).
     """
-    key = target.key()
+    key = _measured_for(target, probes)
     digest = sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
     path = _cache_dir() / f"{digest}.json"
     if path.exists() and not refresh:
         model = TimeModel.from_json(path.read_text())
         if model.calibrated_for == key:
             return model, path, True
-    model = calibrate(target)
+    model = calibrate(target, probes)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(model.to_json())

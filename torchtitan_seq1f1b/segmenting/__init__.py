@@ -5,7 +5,7 @@
 
 from torchtitan_seq1f1b.segmenting.cost import SegmentCost, TransformerCost
 from torchtitan_seq1f1b.segmenting.packed import DocumentLengths, PackedDocumentsCost
-from torchtitan_seq1f1b.segmenting.plan import scaled_seq_len, SegmentPlan
+from torchtitan_seq1f1b.segmenting.segment_plan import scaled_seq_len, SegmentPlan
 
 __all__ = [
     "DocumentLengths",

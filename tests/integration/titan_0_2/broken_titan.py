@@ -19,7 +19,7 @@ import torch
 
 from torchtitan_seq1f1b.integration.titan_0_2 import attention
 from torchtitan_seq1f1b.kv_store import KVStore
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 BREAK = os.environ["SEQ1F1B_BREAK"]
 

@@ -385,6 +385,6 @@ def test_auto_plan_over_the_budget_fails_on_every_rank(tmp_path, planner_cache):
         f"seq1f1b.memory_budget_gib={budget_gib}: {in_process.value}"
     )
     for rank in (0, 1):
-        assert f"[rank{rank}]: torchtitan_seq1f1b.integration.plan.{message}" in output
+        assert f"[rank{rank}]: torchtitan_seq1f1b.integration.segment_plan.{message}" in output
     assert "Training starts" not in output
     assert "Connection closed by peer" not in output

@@ -20,7 +20,7 @@ import torch
 
 from torchtitan_seq1f1b.integration.titan_0_3 import attention, pipeline
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
-from torchtitan_seq1f1b.schedule import runtime
+from torchtitan_seq1f1b.schedules import runtime
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["seq1f1b_debug"]

@@ -15,7 +15,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.tools import utils
 
-from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer

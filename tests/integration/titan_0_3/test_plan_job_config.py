@@ -11,7 +11,7 @@ import torch
 
 from torchtitan.models.llama3 import model_registry
 
-from torchtitan_seq1f1b.integration.titan_0_3.plan import transformer_cost
+from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import transformer_cost
 from torchtitan_seq1f1b.tools.plan import cli
 
 from tests.harness import REPO
@@ -70,7 +70,7 @@ def test_the_printed_flags_run_the_plan_the_command_made(capsys):
     flags; built into the config, they give the job that plan, without the planner."""
     from torchtitan.config import ConfigManager
 
-    from torchtitan_seq1f1b.integration.plan import uses_planner
+    from torchtitan_seq1f1b.integration.segment_plan import uses_planner
 
     assert cli.main(["--job-config", "seq1f1b_debug", "--seq-len", "96", "--schedule", "Seq1F1BZBV",
                      "--partitions", "time", "--threads", "1", "--max-segments", "3"]) == 0

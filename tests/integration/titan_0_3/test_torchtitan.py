@@ -202,7 +202,7 @@ def planner_cache(tmp_path_factory):
     (float32, 2-sequence microbatches, backend "auto"), so the choice is known."""
     from torchtitan.config import ConfigManager
 
-    from torchtitan_seq1f1b.integration.titan_0_3.plan import transformer_cost
+    from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import transformer_cost
 
     config = ConfigManager().parse_args(
         ["--module", "torchtitan_seq1f1b", "--config", "seq1f1b_debug", *TEST_ARGS]
@@ -280,7 +280,7 @@ def test_auto_plan_over_the_budget_fails_on_every_rank(tmp_path, planner_cache):
         f"seq1f1b.memory_budget_gib={budget_gib}: {in_process.value}"
     )
     for rank in (0, 1):
-        assert f"[rank{rank}]: torchtitan_seq1f1b.integration.plan.{message}" in output, (
+        assert f"[rank{rank}]: torchtitan_seq1f1b.integration.segment_plan.{message}" in output, (
             output[-4000:]
         )
     assert "Training starts" not in output

@@ -31,7 +31,7 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 from torchtitan.config import ConfigManager
 
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
-from torchtitan_seq1f1b.integration.options import Seq1F1B
+from torchtitan_seq1f1b.integration.options import Seq1F1BOptions
 
 __all__ = [
     "Seq1F1BUsageError",
@@ -107,7 +107,7 @@ def seq1f1b_section_problem(toml_values: dict, sections: set[str]) -> str | None
     ``sections`` are the job config's section names; an unknown one close to
     ``seq1f1b`` (``[seq1f1]``) is caught too.
     """
-    keys = [f.name for f in fields(Seq1F1B)]
+    keys = [f.name for f in fields(Seq1F1BOptions)]
     for section in toml_values:
         if section not in sections and _closest(section, [SECTION]):
             return f"[{section}] is not a section; did you mean [{SECTION}]?"

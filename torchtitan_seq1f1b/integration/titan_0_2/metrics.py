@@ -19,7 +19,7 @@ from torchtitan.protocols.train_spec import BaseModelArgs
 
 from torchtitan_seq1f1b.integration.metrics import Seq1F1BFigures
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["Seq1F1BMetricsProcessor", "build_seq1f1b_metrics_processor"]
 

@@ -4,7 +4,7 @@
 """torchtitan pipelining function that adds the Seq1F1B schedule names.
 
 "Seq1F1B", "InterleavedSeq1F1B", "Seq1F1BZeroBubble" and "Seq1F1BZBV" select
-the schedules of :mod:`torchtitan_seq1f1b.schedule`; every other
+the schedules of :mod:`torchtitan_seq1f1b.schedules`; every other
 ``pipeline_parallel_schedule`` goes to torchtitan's own ``pipeline_llm``
 untouched. The model is split into stages as torchtitan splits it for the
 torch schedule with the same layout (1F1B: one stage per rank;
@@ -39,14 +39,14 @@ from torchtitan_seq1f1b.integration.titan_0_2.attention import (
     uses_document_ids,
 )
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
-from torchtitan_seq1f1b.integration.plan import (
+from torchtitan_seq1f1b.integration.segment_plan import (
     plan_segments,
     planner_problems,
     PlannerJob,
     Seq1F1BConfigError,
 )
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, ScheduleEntry, SPLIT_BACKWARD_SCHEDULES
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [

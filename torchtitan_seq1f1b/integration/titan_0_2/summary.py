@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from torchtitan.config import JobConfig
 
 from torchtitan_seq1f1b.integration import summary
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["run_summary"]
 

@@ -26,7 +26,7 @@ from torchtitan.tools.logging import logger
 from torchtitan_seq1f1b.integration.titan_0_2.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_2.summary import run_summary
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["install_trainer_hook"]
 

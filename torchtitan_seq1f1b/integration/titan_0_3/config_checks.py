@@ -4,7 +4,7 @@
 """Config checks of a torchtitan 0.3 Seq1F1B job, before the trainer starts anything.
 
 They read the config alone, so every rank raises the same
-:class:`~torchtitan_seq1f1b.integration.plan.Seq1F1BConfigError`, naming the
+:class:`~torchtitan_seq1f1b.integration.segment_plan.Seq1F1BConfigError`, naming the
 options, before the first collective. The attention kernel, which depends on
 the device and the parameter dtype, is checked by the pipelining function
 (:func:`check_attention_backend`), still before any pipeline message.
@@ -23,10 +23,10 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
-from torchtitan_seq1f1b.integration.plan import planner_problems, Seq1F1BConfigError, uses_planner
+from torchtitan_seq1f1b.integration.segment_plan import planner_problems, Seq1F1BConfigError, uses_planner
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
-from torchtitan_seq1f1b.integration.titan_0_3.plan import segment_plan_for
+from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 
 __all__ = [
     "MODEL_NAMES",

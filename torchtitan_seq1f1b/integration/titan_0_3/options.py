@@ -15,7 +15,7 @@ leaves torchtitan's own schedule in charge.
 from dataclasses import dataclass
 from typing import Literal
 
-from torchtitan_seq1f1b.integration.options import Seq1F1B
+from torchtitan_seq1f1b.integration.options import Seq1F1BOptions
 
 __all__ = ["NO_SCHEDULE", "Seq1F1BSection"]
 
@@ -23,7 +23,7 @@ NO_SCHEDULE = "none"
 
 
 @dataclass
-class Seq1F1BSection(Seq1F1B):
+class Seq1F1BSection(Seq1F1BOptions):
     schedule: Literal[
         "Seq1F1B", "InterleavedSeq1F1B", "Seq1F1BZeroBubble", "Seq1F1BZBV", "none"
     ] = "Seq1F1B"

@@ -38,7 +38,7 @@ from torchtitan.protocols.model_spec import ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
-from torchtitan_seq1f1b.integration.plan import PlannerJob
+from torchtitan_seq1f1b.integration.segment_plan import PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     check_attention_backend,
     compute_dtype,
@@ -46,8 +46,8 @@ from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
 from torchtitan_seq1f1b.integration.titan_0_3.contiguous import send_contiguous
 from torchtitan_seq1f1b.integration.titan_0_3.attention import make_segment_aware, MASKS_KWARG
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
-from torchtitan_seq1f1b.integration.titan_0_3.plan import attention_head_dim, segment_plan_for
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, segment_plan_for
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["pipeline_llm_seq1f1b"]
 

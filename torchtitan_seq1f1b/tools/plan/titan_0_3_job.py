@@ -18,7 +18,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
 
-from torchtitan_seq1f1b.integration.plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     check_attention_backend,
@@ -26,7 +26,7 @@ from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     compute_dtype,
     runs_seq1f1b,
 )
-from torchtitan_seq1f1b.integration.titan_0_3.plan import attention_head_dim, transformer_cost
+from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, transformer_cost
 from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout, parallel_degrees
 
 __all__ = ["read_job_layout"]

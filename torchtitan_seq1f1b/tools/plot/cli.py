@@ -10,11 +10,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import fields
 
-from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs
+from torchtitan_seq1f1b.examples.tiny_transformer import BENCH_MODEL, BENCH_SEQ_LEN, TinyTransformerArgs
 from torchtitan_seq1f1b.segmenting import TransformerCost
-from torchtitan_seq1f1b.tools.simulate import SCHEDULE_SPECS, SimConfig
-from torchtitan_seq1f1b.tools.bench.config import FULL_PRESET
-from torchtitan_seq1f1b.tools.bench.predict import memory_model
+from torchtitan_seq1f1b.tools.simulate import runtime_memory_model, SCHEDULE_SPECS, SimConfig
 from torchtitan_seq1f1b.tools.model_shapes import MODEL_PRESETS
 from torchtitan_seq1f1b.tools.plot.sweep import plot_sweep
 from torchtitan_seq1f1b.tools.plot.timeline import measured_actions, plot_timeline, simulated_actions
@@ -59,7 +57,7 @@ def _pick_record(parser: argparse.ArgumentParser, records: list[dict], args) -> 
 
 def _model_from_args(args) -> tuple[TransformerCost, int]:
     if args.model == "bench":
-        return FULL_PRESET.model.cost(), args.seq_len or FULL_PRESET.seq_len
+        return BENCH_MODEL.cost(), args.seq_len or BENCH_SEQ_LEN
     if args.seq_len is None:
         raise ValueError(f"--model {args.model} needs --seq-len")
     return MODEL_PRESETS[args.model], args.seq_len
@@ -85,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="simulated model: a preset, or (default) the CPU benchmark's "
                              "model (dim 256, 8 layers, 8 heads, 2 K/V heads)")
     common.add_argument("--seq-len", type=int,
-                        help=f"tokens per sequence (default {FULL_PRESET.seq_len} for "
+                        help=f"tokens per sequence (default {BENCH_SEQ_LEN} for "
                              "--model bench; required for a preset)")
     common.add_argument("--pp", type=int, default=2, help="pipeline ranks (default 2)")
     common.add_argument("--microbatches", "-m", type=int, help="microbatches (default 2)")
@@ -130,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     model=model, model_name=model_name, seq_len=seq_len, pp=pp,
                     microbatches=args.microbatches or 2,
                     segments=args.segments or 4, schedule=args.schedule, v=args.v,
-                    partition=args.partition or "balanced", memory=memory_model(),
+                    partition=args.partition or "balanced", memory=runtime_memory_model(),
                 )
                 print(f"{config.schedule}, k {config.num_segments} ({config.partition}), "
                       f"v {config.v}")

@@ -14,8 +14,13 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 
 from torchtitan_seq1f1b.segmenting import TransformerCost
-from torchtitan_seq1f1b.tools.simulate import SimConfig, simulate, SimResult
-from torchtitan_seq1f1b.tools.bench.predict import activation_peaks, memory_model
+from torchtitan_seq1f1b.tools.simulate import (
+    activation_peaks,
+    runtime_memory_model,
+    SimConfig,
+    simulate,
+    SimResult,
+)
 
 __all__ = ["plot_sweep"]
 
@@ -26,7 +31,7 @@ def _sim(model: TransformerCost, model_name: str, seq_len: int, pp: int, m: int,
          schedule: str, k: int = 1, partition: str = "uniform") -> SimResult:
     return simulate(SimConfig(
         model=model, model_name=model_name, seq_len=seq_len, pp=pp, microbatches=m, segments=k, schedule=schedule,
-        partition=partition, memory=memory_model(),
+        partition=partition, memory=runtime_memory_model(),
     ))
 
 

@@ -19,7 +19,12 @@ from torchtitan_seq1f1b.tools.simulate.cli import (
     positive_int,
     write_json,
 )
-from torchtitan_seq1f1b.tools.simulate.config import MemoryModel, schedule_order, SimConfig
+from torchtitan_seq1f1b.tools.simulate.config import (
+    MemoryModel,
+    runtime_memory_model,
+    schedule_order,
+    SimConfig,
+)
 from torchtitan_seq1f1b.tools.simulate.paper import PAPER_CONFIGS, PaperConfig, run_paper
 from torchtitan_seq1f1b.tools.simulate.schedules import (
     analytic_bubble,
@@ -27,10 +32,12 @@ from torchtitan_seq1f1b.tools.simulate.schedules import (
     SCHEDULES,
     ScheduleSpec,
 )
-from torchtitan_seq1f1b.tools.simulate.step import RankReport, SimResult, simulate
+from torchtitan_seq1f1b.tools.simulate.step import activation_peaks, RankReport, SimResult, simulate
 from torchtitan_seq1f1b.tools.simulate.unit_times import action_duration, unit_times
 
 __all__ = [
+    "activation_peaks",
+    "runtime_memory_model",
     "PAPER_CONFIGS",
     "MemoryModel",
     "PaperConfig",

@@ -16,7 +16,8 @@ from torchtitan_seq1f1b.segmenting import (
 )
 from torchtitan_seq1f1b.tools.simulate.schedules import SCHEDULE_SPECS, SCHEDULES, ScheduleSpec
 
-__all__ = ["PARTITIONS", "MemoryModel", "SimConfig", "schedule_order"]
+__all__ = [
+    "runtime_memory_model","PARTITIONS", "MemoryModel", "SimConfig", "schedule_order"]
 
 PARTITIONS = ("uniform", "causal-balanced", "balanced", "time")
 
@@ -172,3 +173,19 @@ class SimConfig:
 def schedule_order(config: SimConfig) -> Order:
     """The per-rank compute order the real schedule named ``config.schedule`` runs."""
     return config.spec.order(config.pp, config.v, config.microbatches, config.num_segments)
+
+
+def runtime_memory_model(microbatch_size: int = 1) -> MemoryModel:
+    """The memory model of this package's runtime on the benchmark model.
+
+    No TP, no dropout, a flash kernel (no score matrix saved), the
+    preallocated K/V store. Activations are counted in bf16 with Korthikanti's
+    per-token constants: compare ratios, not bytes, with fp32 measurements.
+    """
+    return MemoryModel(
+        sequence_parallel=False,
+        attention="flash",
+        dropout=False,
+        kv_store="preallocated",
+        micro_batch_size=microbatch_size,
+    )

@@ -13,7 +13,8 @@ from torchtitan_seq1f1b.tools.simulate.config import schedule_order, SimConfig
 from torchtitan_seq1f1b.tools.simulate.memory import rank_memory
 from torchtitan_seq1f1b.tools.simulate.unit_times import action_duration
 
-__all__ = ["RankReport", "SimResult", "simulate"]
+__all__ = [
+    "activation_peaks","RankReport", "SimResult", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,8 @@ def simulate(config: SimConfig) -> SimResult:
         analytic_bubble_fraction=config.spec.analytic(config.pp, v, config.microbatches, k),
         ranks=tuple(ranks),
     )
+
+
+def activation_peaks(result: SimResult) -> list[int]:
+    """Simulated activation + K/V peak per rank in bytes (model states left out)."""
+    return [r.peak_memory_bytes - r.model_state_bytes for r in result.ranks]

@@ -8,10 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformerArgs
+from torchtitan_seq1f1b.examples.tiny_transformer import (
+    BENCH_MODEL,
+    BENCH_SEQ_LEN,
+    TinyTransformerArgs,
+)
 from torchtitan_seq1f1b.planner import segment_plan, TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan
-from torchtitan_seq1f1b.tools.bench.schedules import BenchSchedule, SCHEDULES
+from benchmarks.cpu_bench.schedules import BenchSchedule, SCHEDULES
 from torchtitan_seq1f1b.tools.model_shapes import embedding_params, final_norm_params, layer_params
 
 __all__ = [
@@ -143,14 +147,9 @@ class BenchPreset:
     warmup_steps: int
 
 
-# One step of 1F1B at pp=2, m=2 takes about 1.5 s on one core per rank: large
-# enough that compute dominates gloo p2p and Python overheads.
 FULL_PRESET = BenchPreset(
-    model=TinyTransformerArgs(
-        vocab_size=2048, dim=256, n_layers=8, n_heads=8, n_kv_heads=2, ffn_hidden_dim=768,
-        attention_backend="sdpa",
-    ),
-    seq_len=1024,
+    model=BENCH_MODEL,
+    seq_len=BENCH_SEQ_LEN,
     microbatches_per_pp=(1, 2),
     segments=None,
     partitions=("uniform", "balanced"),

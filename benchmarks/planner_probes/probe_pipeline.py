@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["ProbePipeline", "probe_pipeline"]

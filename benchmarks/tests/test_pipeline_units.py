@@ -8,14 +8,15 @@ import importlib
 import pytest
 import torch
 
+from benchmarks.planner_probes.compute_spans import ComputeSpan
+from benchmarks.planner_probes.host_probes import CPU_HOST_PROBES
+from benchmarks.planner_probes.pipeline_units import measure_pipeline_units, PipelineUnitTimes
 from torchtitan_seq1f1b.planner import calibrate, CalibrationTarget, fit_unit_time, RuntimeOverhead
-from torchtitan_seq1f1b.planner.compute_spans import ComputeSpan
-from torchtitan_seq1f1b.planner.pipeline_units import measure_pipeline_units, PipelineUnitTimes
 from torchtitan_seq1f1b.planner.time_model import fit_nonnegative, UnitTime
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
-_units = importlib.import_module("torchtitan_seq1f1b.planner.pipeline_units")
-_calibrate = importlib.import_module("torchtitan_seq1f1b.planner.calibrate")
+_units = importlib.import_module("benchmarks.planner_probes.pipeline_units")
+_host_probes = importlib.import_module("benchmarks.planner_probes.host_probes")
 
 SHAPE = TransformerCost(
     n_layers=4, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, vocab_size=64
@@ -70,15 +71,15 @@ def _calibrate_from(monkeypatch, times: PipelineUnitTimes, chained_blocks: int):
         calls.append((args, kwargs))
         return times
 
-    monkeypatch.setattr(_calibrate, "measure_pipeline_units", scripted)
+    monkeypatch.setattr(_host_probes, "measure_pipeline_units", scripted)
     monkeypatch.setattr(
-        _calibrate, "measure_runtime_overhead", lambda *args, **kwargs: RuntimeOverhead()
+        _host_probes, "measure_runtime_overhead", lambda *args, **kwargs: RuntimeOverhead()
     )
     target = CalibrationTarget(
         shape=SHAPE, seq_len=64, attention_backend="sdpa", contenders=2,
         chained_blocks=chained_blocks,
     )
-    return calibrate(target), calls
+    return calibrate(target, CPU_HOST_PROBES), calls
 
 
 def test_the_head_is_fitted_from_what_the_last_stage_takes_beyond_its_blocks(monkeypatch):
@@ -155,11 +156,11 @@ def test_a_calibration_of_ranks_sharing_the_host_times_units_in_pipeline_steps()
     target = CalibrationTarget(
         shape=SHAPE, seq_len=32, attention_backend="sdpa", contenders=2, chained_blocks=2
     )
-    model = calibrate(target)
+    model = calibrate(target, CPU_HOST_PROBES)
     for kind in "FBIW":
         # This head (vocab 64) costs next to nothing beside two blocks: its fit may be 0.
         assert model.block[kind](32, 32) > 0 and model.head[kind](32, 32) >= 0
-    assert model.calibrated_for == target.key()
+    assert model.calibrated_for == {**target.key(), "host_probes": True}
     assert model.runtime.per_step >= 0
 
 

@@ -18,11 +18,11 @@ import sys
 import pytest
 
 from torchtitan_seq1f1b.planner import segment_plan
-from torchtitan_seq1f1b.tools import bench
-from torchtitan_seq1f1b.tools.bench import cli as bench_cli, runner
-from torchtitan_seq1f1b.tools.bench.auto import auto_row, calibrate_bench_model
-from torchtitan_seq1f1b.tools.bench.predict import ratio_spread
-from torchtitan_seq1f1b.tools.bench.table import noise_summary
+import benchmarks.cpu_bench as bench
+from benchmarks.cpu_bench import cli as bench_cli, runner
+from benchmarks.cpu_bench.auto import auto_row, calibrate_bench_model
+from benchmarks.cpu_bench.predict import ratio_spread
+from benchmarks.cpu_bench.table import noise_summary
 
 REQUIRED_KEYS = {
     "schedule", "pp", "microbatches", "segments", "partition", "step_time_s",
@@ -188,7 +188,7 @@ def test_auto_rows_run_the_planners_pick(tmp_path):
 
 _FREED_RSS_SCRIPT = """
 import os, sys, torch
-from torchtitan_seq1f1b.tools.bench import runner
+from benchmarks.cpu_bench import runner
 if sys.argv[1] == "keep":
     runner._keep_freed_memory_mapped()
 def rss():

@@ -10,8 +10,8 @@ its units a rank runs the runtime (sends, receives, bookkeeping), keeps the
 other units' tensors live, and shares the host's cores and memory bandwidth
 with the ranks computing at the same time. So the units are timed where they
 run: ``ranks`` local gloo ranks step
-:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1B` (for F and B) and
-:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1BZBV` (for I and W) over
+:class:`~torchtitan_seq1f1b.stepping.ScheduleSeq1F1B` (for F and B) and
+:class:`~torchtitan_seq1f1b.stepping.ScheduleSeq1F1BZBV` (for I and W) over
 chains of the job's blocks, the last stage adding the final norm, LM head and
 summed cross-entropy, at uniform k = 1, 2, 4, 8 and 16, and every compute
 call is timed (:class:`~.compute_spans.ComputeRecorder`). A unit's time then
@@ -34,11 +34,11 @@ import torch.nn as nn
 
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.local_ranks import run_ranks
-from torchtitan_seq1f1b.planner.compute_spans import ComputeRecorder, ComputeSpan
+from benchmarks.planner_probes.compute_spans import ComputeRecorder, ComputeSpan
 from torchtitan_seq1f1b.planner.llama_block import BlockChain, OutputHead, summed_cross_entropy
-from torchtitan_seq1f1b.planner.probe_pipeline import probe_pipeline
+from benchmarks.planner_probes.probe_pipeline import probe_pipeline
 from torchtitan_seq1f1b.planner.time_model import PROBED_SEGMENT_COUNTS
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = ["PipelineUnitTimes", "measure_pipeline_units"]

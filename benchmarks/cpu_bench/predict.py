@@ -8,35 +8,19 @@ from __future__ import annotations
 import statistics
 
 from torchtitan_seq1f1b.tools.simulate import (
-    MemoryModel,
+    activation_peaks,
+    runtime_memory_model,
     SCHEDULES as SIMULATED_SCHEDULES,
     SimConfig,
     simulate,
     SimResult,
 )
-from torchtitan_seq1f1b.tools.bench.auto import calibrated_estimate
-from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
+from benchmarks.cpu_bench.auto import calibrated_estimate
+from benchmarks.cpu_bench.config import BenchConfig, BenchRow
 
-__all__ = ["activation_peaks", "add_comparisons", "memory_model", "predict", "ratio_spread"]
+__all__ = ["add_comparisons", "predict", "ratio_spread"]
 
 BASELINE = "1F1B"
-
-
-def memory_model(microbatch_size: int = 1) -> MemoryModel:
-    """The simulator's memory model for what the bench runs.
-
-    No TP, no dropout, SDPA's CPU flash kernel (no score matrix saved), this
-    repo's preallocated K/V store. The simulator counts bf16 activations with
-    Korthikanti's per-token constants, the bench measures fp32 tensors: compare
-    ratios to 1F1B, not bytes.
-    """
-    return MemoryModel(
-        sequence_parallel=False,
-        attention="flash",
-        dropout=False,
-        kv_store="preallocated",
-        micro_batch_size=microbatch_size,
-    )
 
 
 def predict(config: BenchConfig, row: BenchRow) -> SimResult | None:
@@ -54,16 +38,11 @@ def predict(config: BenchConfig, row: BenchRow) -> SimResult | None:
             schedule=row.schedule,
             v=row.spec.stages_per_rank,
             partition=row.partition or "uniform",
-            memory=memory_model(config.microbatch_size),
+            memory=runtime_memory_model(config.microbatch_size),
         )
     except (NotImplementedError, ValueError):  # a layout the simulator does not model
         return None
     return simulate(sim_config)
-
-
-def activation_peaks(result: SimResult) -> list[int]:
-    """Simulated activation + K/V peak per rank in bytes (model states left out)."""
-    return [r.peak_memory_bytes - r.model_state_bytes for r in result.ranks]
 
 
 def _add_calibrated(config: BenchConfig, rows: list[BenchRow], records: list[dict]) -> None:

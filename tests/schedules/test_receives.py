@@ -21,7 +21,7 @@ from torchtitan_seq1f1b._torch_compat import _add_send_recv
 from torchtitan_seq1f1b.examples.tiny_transformer import token_sum_cross_entropy
 from torchtitan_seq1f1b.orders import lower_order
 from torchtitan_seq1f1b.orders.validate import _check_channels_fifo
-from torchtitan_seq1f1b.schedule.receives import receives_first
+from torchtitan_seq1f1b.stepping.receives import receives_first
 
 from tests.harness import Case, run_ranks
 

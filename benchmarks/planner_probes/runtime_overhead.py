@@ -7,8 +7,8 @@ Between two compute calls a rank's runtime walks its schedule, posts and
 waits on the unit's messages, cuts inputs and targets, enters the K/V scope
 and, on the last stage, computes the loss. The unit calibration times compute
 calls alone, so this part is measured apart: two gloo ranks run
-:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1B` and
-:class:`~torchtitan_seq1f1b.schedule.ScheduleSeq1F1BZBV` over stages whose
+:class:`~torchtitan_seq1f1b.stepping.ScheduleSeq1F1B` and
+:class:`~torchtitan_seq1f1b.stepping.ScheduleSeq1F1BZBV` over stages whose
 compute is one elementwise product, with the job's hidden-state shape and
 dtype, at k = 1, 2, 4, 8 and 16. A probe's step is then almost all runtime,
 and replaying its order with a constant cost per action (and per token of the
@@ -32,14 +32,14 @@ import torch.nn as nn
 from torchtitan_seq1f1b.actions import Order, Unit
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.orders import replay
-from torchtitan_seq1f1b.planner.compute_spans import ComputeRecorder
-from torchtitan_seq1f1b.planner.probe_pipeline import probe_pipeline
+from benchmarks.planner_probes.compute_spans import ComputeRecorder
+from benchmarks.planner_probes.probe_pipeline import probe_pipeline
 from torchtitan_seq1f1b.planner.time_model import (
     fit_nonnegative,
     PROBED_SEGMENT_COUNTS,
     RuntimeOverhead,
 )
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["measure_runtime_overhead"]

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import torch
 
+from benchmarks.planner_probes.host_probes import CPU_HOST_PROBES
 from torchtitan_seq1f1b.planner import (
     cached_calibration,
     CalibrationTarget,
@@ -21,7 +22,7 @@ from torchtitan_seq1f1b.planner import (
     TimeModel,
 )
 from torchtitan_seq1f1b.segmenting import SegmentPlan
-from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
+from benchmarks.cpu_bench.config import BenchConfig, BenchRow
 from torchtitan_seq1f1b.tools.simulate import schedule_order, SimConfig
 
 __all__ = ["auto_row", "calibrated_estimate", "calibrate_bench_model"]
@@ -42,7 +43,7 @@ def calibrate_bench_model(config: BenchConfig, refresh: bool = False) -> tuple[T
             contenders=config.pp,
             chained_blocks=rank_chain_length(shape.n_layers, config.pp),
         )
-        model, path, cached = cached_calibration(target, refresh)
+        model, path, cached = cached_calibration(target, refresh, CPU_HOST_PROBES)
     finally:
         torch.set_num_threads(threads)
     return model, f"{'cached in' if cached else 'calibrated, saved to'} {path}"

@@ -17,11 +17,11 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torchtitan_seq1f1b._torch_compat.introspection import timed_p2p_waits
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformer, token_sum_cross_entropy
-from torchtitan_seq1f1b.planner.compute_spans import ComputeRecorder
-from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
-from torchtitan_seq1f1b.tools.bench.predict import add_comparisons
-from torchtitan_seq1f1b.tools.bench.probes import ActivationMemoryProbe
-from torchtitan_seq1f1b.tools.bench.records import RankRun, row_record, StepTiming
+from benchmarks.planner_probes.compute_spans import ComputeRecorder
+from benchmarks.cpu_bench.config import BenchConfig, BenchRow
+from benchmarks.cpu_bench.predict import add_comparisons
+from benchmarks.cpu_bench.probes import ActivationMemoryProbe
+from benchmarks.cpu_bench.records import RankRun, row_record, StepTiming
 
 __all__ = ["run_bench"]
 

@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The Seq1F1B runtime: torch's pipeline runtime over (microbatch, segment) units.
+"""Seq1F1B schedules: torch's pipeline runtime over (microbatch, segment) units.
 
 Each microbatch is cut into the segments of a :class:`SegmentPlan` and the
 pipeline runs segments as its units of work (arXiv 2406.03488). Rank 0 then
@@ -16,6 +16,12 @@ its lowering passes, send/receive machinery and FSDP hooks run unchanged;
 this class builds and validates the unit order, sizes each chunk's receive
 buffers for its segment, and turns per-unit losses back into per-microbatch
 ones.
+
+- :class:`ScheduleSeq1F1B`: one stage per rank, 1F1B over units.
+- :class:`ScheduleInterleavedSeq1F1B`: several stages per rank (loop placement).
+- :class:`ScheduleSeq1F1BZeroBubble`: one stage per rank, backwards split into
+  input- and weight-gradient steps, weight gradients in the bubbles (ZB-H1 style).
+- :class:`ScheduleSeq1F1BZBV`: two stages per rank in a V, split backwards (ZB-V style).
 """
 
 from collections.abc import Callable
@@ -37,16 +43,34 @@ from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.documents import MicrobatchDocuments, upload_varlen_layouts
 from torchtitan_seq1f1b.kv_store import KVStore
-from torchtitan_seq1f1b.orders import lower_order, seq1f1b_order, validate_order
-from torchtitan_seq1f1b.schedule.microbatch_inputs import split_microbatches
-from torchtitan_seq1f1b.schedule.receives import receives_first
-from torchtitan_seq1f1b.schedule.rank_errors import InputCheck
-from torchtitan_seq1f1b.schedule.segment_inputs import SegmentSplitter
-from torchtitan_seq1f1b.schedule.stage_layout import check_one_stage_per_rank, check_plan
-from torchtitan_seq1f1b.schedule.unit_compute import UnitComputeScope
+from torchtitan_seq1f1b.orders import (
+    interleaved_seq1f1b_order,
+    lower_order,
+    seq1f1b_order,
+    seq1f1b_zbv_order,
+    seq1f1b_zero_bubble_order,
+    v_stage_to_rank,
+    validate_order,
+)
+from torchtitan_seq1f1b.stepping.microbatch_inputs import split_microbatches
+from torchtitan_seq1f1b.stepping.receives import receives_first
+from torchtitan_seq1f1b.stepping.rank_errors import InputCheck
+from torchtitan_seq1f1b.stepping.segment_inputs import SegmentSplitter
+from torchtitan_seq1f1b.stepping.stage_layout import (
+    check_loop_placement,
+    check_one_stage_per_rank,
+    check_plan,
+    check_v_placement,
+)
+from torchtitan_seq1f1b.stepping.unit_compute import UnitComputeScope
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["ScheduleSeq1F1B"]
+__all__ = [
+    "ScheduleInterleavedSeq1F1B",
+    "ScheduleSeq1F1B",
+    "ScheduleSeq1F1BZBV",
+    "ScheduleSeq1F1BZeroBubble",
+]
 
 
 class ScheduleSeq1F1B(_PipelineScheduleRuntime):
@@ -299,3 +323,90 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             valid = int(sum((t != self._ignore_index).sum() for t in targets))
             return float(max(valid, 1))
         return 1.0
+
+class ScheduleInterleavedSeq1F1B(ScheduleSeq1F1B):
+    """Seq1F1B with several stages (model chunks) per rank, loop placement.
+
+    Rank r holds stages ``r, r + p, ..., r + (v-1)*p``, as for torch's
+    ``ScheduleInterleaved1F1B``, and runs interleaved 1F1B over the m*k units
+    (:func:`~torchtitan_seq1f1b.orders.interleaved_seq1f1b_order`). The bubble
+    shrinks to ``(p-1)/(v*m*k + p-1)``; rank 0 holds about
+    ``((v+1)*p + k - 2) / (v*k)`` microbatches of activations. Any m and k
+    work; with k = 1 the order is torch's Interleaved1F1B order.
+
+    Takes the same arguments as :class:`ScheduleSeq1F1B`, with ``stages`` the
+    list of this rank's v >= 2 stages.
+    """
+
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        check_loop_placement(stages, "ScheduleInterleavedSeq1F1B")
+
+    @classmethod
+    def order_for(
+        cls, num_ranks: int, stages_per_rank: int, n_microbatches: int, num_segments: int
+    ) -> Order:
+        return interleaved_seq1f1b_order(num_ranks, stages_per_rank, n_microbatches, num_segments)
+
+
+class ScheduleSeq1F1BZeroBubble(ScheduleSeq1F1B):
+    """Seq1F1B with split backwards, ZB-H1 style; one stage per rank.
+
+    Every unit's backward runs as an input-gradient step (I, what the previous
+    stage waits for) and a weight-gradient step (W). Rank r defers its W steps
+    by r, so they fill the cooldown where a later rank would idle, while no
+    rank holds more units awaiting W than Seq1F1B's rank 0 holds awaiting
+    backward (p + k - 1). The bubble drops to roughly a third of Seq1F1B's
+    when I and W cost about a forward each
+    (:func:`~torchtitan_seq1f1b.orders.seq1f1b_zero_bubble_order`).
+
+    On the first stage torch computes the whole backward in the W step (its
+    inputs are tokens), so W steps of a microbatch run last segment first, as
+    the K/V gradient routing needs; I steps on other stages carry the K/V
+    prefix gradients, and W steps only read the banked activation gradients.
+    Takes the same arguments as :class:`ScheduleSeq1F1B`.
+    """
+
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        check_one_stage_per_rank(stages, "ScheduleSeq1F1BZeroBubble")
+
+    @classmethod
+    def order_for(
+        cls, num_ranks: int, stages_per_rank: int, n_microbatches: int, num_segments: int
+    ) -> Order:
+        return seq1f1b_zero_bubble_order(
+            num_ranks * stages_per_rank, n_microbatches, num_segments
+        )
+
+
+class ScheduleSeq1F1BZBV(ScheduleSeq1F1B):
+    """Seq1F1B with split backwards on a V of two stages per rank (ZB-V style).
+
+    Rank r holds stages r and 2p-1-r, as for torch's ``ScheduleZBVZeroBubble``
+    (build the stages with that placement). Units run down the ranks on the
+    first chunk and back up on the second, in ZB-V's warmup/steady/cooldown
+    pattern with the second chunk's forwards ``r + k - 1`` units ahead of its
+    input gradients; at most ``2 * (p + k - 1)`` half-stage units await their
+    weight gradient (Seq1F1B's rank-0 activation memory)
+    (:func:`~torchtitan_seq1f1b.orders.seq1f1b_zbv_order`). With k = 1 it
+    runs torch's ZBVZeroBubble order. Any m and k work. Takes the same
+    arguments as :class:`ScheduleSeq1F1B`, with ``stages`` this rank's two
+    stages.
+    """
+
+    @staticmethod
+    def _check_stage_layout(stages: list[_PipelineStageBase]) -> None:
+        check_v_placement(stages, "ScheduleSeq1F1BZBV")
+
+    def _place_stages(self) -> None:
+        place = v_stage_to_rank(self.pp_group_size)
+        self.stage_index_to_group_rank = {s: place(s) for s in range(self._num_stages)}
+        for stage in self._stages:
+            stage.stage_index_to_group_rank = self.stage_index_to_group_rank
+
+    @classmethod
+    def order_for(
+        cls, num_ranks: int, stages_per_rank: int, n_microbatches: int, num_segments: int
+    ) -> Order:
+        return seq1f1b_zbv_order(num_ranks, n_microbatches, num_segments)

@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""``python -m torchtitan_seq1f1b.bench``: options, their checks, the run and its output."""
+"""``python -m benchmarks.cpu_bench``: options, their checks, the run and its output."""
 
 from __future__ import annotations
 
@@ -11,23 +11,23 @@ import time
 from collections.abc import Sequence
 
 from torchtitan_seq1f1b.planner import GIB, PARTITIONS
-from torchtitan_seq1f1b.tools.bench.auto import auto_row, calibrate_bench_model
+from benchmarks.cpu_bench.auto import auto_row, calibrate_bench_model
 from torchtitan_seq1f1b.tools.simulate import (
     number_at_least,
     positive_float,
     positive_int,
     write_json,
 )
-from torchtitan_seq1f1b.tools.bench.config import (
+from benchmarks.cpu_bench.config import (
     BenchConfig,
     BenchRow,
     FULL_PRESET,
     plan_rows,
     QUICK_PRESET,
 )
-from torchtitan_seq1f1b.tools.bench.runner import run_bench
-from torchtitan_seq1f1b.tools.bench.schedules import SCHEDULES
-from torchtitan_seq1f1b.tools.bench.table import print_table
+from benchmarks.cpu_bench.runner import run_bench
+from benchmarks.cpu_bench.schedules import SCHEDULES
+from benchmarks.cpu_bench.table import print_table
 
 __all__ = ["main"]
 
@@ -36,7 +36,7 @@ _non_negative_int = number_at_least(int, 0, "an integer >= 0")
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m torchtitan_seq1f1b.bench",
+        prog="python -m benchmarks.cpu_bench",
         description=(
             "Train a small causal transformer with torch's pipeline schedules and Seq1F1B on "
             "local gloo ranks (one CPU thread each); report step time, bubble and measured "

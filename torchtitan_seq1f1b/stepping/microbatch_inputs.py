@@ -18,7 +18,7 @@ import torch
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks, TensorChunkSpec
 
 from torchtitan_seq1f1b.documents import check_document_ids, read_document_starts
-from torchtitan_seq1f1b.schedule.segment_inputs import SegmentSplitter
+from torchtitan_seq1f1b.stepping.segment_inputs import SegmentSplitter
 
 __all__ = ["MicrobatchInputs", "split_microbatches"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import statistics
 
-from torchtitan_seq1f1b.tools.bench.config import BenchConfig
-from torchtitan_seq1f1b.tools.bench.predict import BASELINE
+from benchmarks.cpu_bench.config import BenchConfig
+from benchmarks.cpu_bench.predict import BASELINE
 
 __all__ = ["noise_summary", "print_table"]
 

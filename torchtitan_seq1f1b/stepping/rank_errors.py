@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from torchtitan_seq1f1b.schedule.microbatch_inputs import MicrobatchInputs
+from torchtitan_seq1f1b.stepping.microbatch_inputs import MicrobatchInputs
 
 __all__ = ["InputCheck"]
 

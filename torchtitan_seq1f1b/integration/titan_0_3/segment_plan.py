@@ -6,7 +6,7 @@
 from torchtitan.protocols.model import BaseModel
 from torchtitan.tools.logging import logger
 
-from torchtitan_seq1f1b.integration.plan import plan_segments, PlannerJob
+from torchtitan_seq1f1b.integration.segment_plan import plan_segments, PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
@@ -41,7 +41,7 @@ def segment_plan_for(
     planner_job: PlannerJob | None = None,
 ) -> SegmentPlan:
     """The plan ``options`` ask for at ``training.seq_len``; raises
-    :class:`~torchtitan_seq1f1b.integration.plan.Seq1F1BConfigError` naming them.
+    :class:`~torchtitan_seq1f1b.integration.segment_plan.Seq1F1BConfigError` naming them.
     ``planner_job`` is needed when the options leave the plan to the planner."""
     return plan_segments(
         options, seq_len, tp, transformer_cost(model_config), planner_job, logger.info

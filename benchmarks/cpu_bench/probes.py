@@ -7,7 +7,7 @@
 from the tensors autograd actually saves (plus K/V stores). It does not
 change what the schedules compute and undoes itself on exit. When each
 compute call runs is recorded by
-:class:`~torchtitan_seq1f1b.planner.compute_spans.ComputeRecorder`.
+:class:`~benchmarks.planner_probes.compute_spans.ComputeRecorder`.
 """
 
 import contextlib

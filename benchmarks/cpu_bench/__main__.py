@@ -1,11 +1,11 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""``python -m torchtitan_seq1f1b.bench``: the real CPU benchmark; see :mod:`torchtitan_seq1f1b.tools.bench`."""
+"""``python -m benchmarks.cpu_bench`` (from the repository's root)."""
 
 import sys
 
-from torchtitan_seq1f1b.tools.bench.cli import main
+from benchmarks.cpu_bench.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

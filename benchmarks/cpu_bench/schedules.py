@@ -16,7 +16,7 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
-from torchtitan_seq1f1b.schedule import (
+from torchtitan_seq1f1b.schedules import (
     ScheduleInterleavedSeq1F1B,
     ScheduleSeq1F1B,
     ScheduleSeq1F1BZBV,

@@ -5,12 +5,12 @@
 
 Every row trains the same small causal transformer on ``pp`` local gloo
 ranks, one CPU thread each, against torch's ``Schedule1F1B`` and the
-simulator's prediction. Run ``python -m torchtitan_seq1f1b.bench --help``;
+simulator's prediction. Run ``python -m benchmarks.cpu_bench --help``;
 what each number measures and how is in ``docs/benchmarks.md``.
 """
 
-from torchtitan_seq1f1b.tools.bench.cli import main
-from torchtitan_seq1f1b.tools.bench.config import (
+from benchmarks.cpu_bench.cli import main
+from benchmarks.cpu_bench.config import (
     BenchConfig,
     BenchPreset,
     BenchRow,
@@ -18,10 +18,10 @@ from torchtitan_seq1f1b.tools.bench.config import (
     plan_rows,
     QUICK_PRESET,
 )
-from torchtitan_seq1f1b.tools.bench.predict import memory_model, predict
-from torchtitan_seq1f1b.tools.bench.runner import run_bench
-from torchtitan_seq1f1b.tools.bench.schedules import BenchSchedule, SCHEDULES
-from torchtitan_seq1f1b.tools.bench.table import print_table
+from benchmarks.cpu_bench.predict import predict
+from benchmarks.cpu_bench.runner import run_bench
+from benchmarks.cpu_bench.schedules import BenchSchedule, SCHEDULES
+from benchmarks.cpu_bench.table import print_table
 
 __all__ = [
     "BenchConfig",
@@ -32,7 +32,6 @@ __all__ = [
     "QUICK_PRESET",
     "SCHEDULES",
     "main",
-    "memory_model",
     "plan_rows",
     "predict",
     "print_table",

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torchtitan_seq1f1b._torch_compat.process_group_store import default_store
-from torchtitan_seq1f1b.integration.options import Seq1F1B
+from torchtitan_seq1f1b.integration.options import Seq1F1BOptions
 from torchtitan_seq1f1b.planner import (
     AutoPlanRequest,
     GIB,
@@ -33,7 +33,7 @@ from torchtitan_seq1f1b.planner import (
     plan_automatically,
 )
 from torchtitan_seq1f1b.planner.auto import OrderFor
-from torchtitan_seq1f1b.schedule import ScheduleSeq1F1B
+from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = [
@@ -133,12 +133,12 @@ def _heaviest_rank_parameters(
     return max(per_stage) * (len(per_stage) // num_ranks)
 
 
-def uses_planner(options: Seq1F1B) -> bool:
+def uses_planner(options: Seq1F1BOptions) -> bool:
     """Whether the options leave k or the partition to the calibrated planner."""
     return options.num_segments == "auto" or options.partition in ("time", "auto")
 
 
-def planner_problems(options: Seq1F1B) -> list[str]:
+def planner_problems(options: Seq1F1BOptions) -> list[str]:
     """What is wrong with the planner options, found from the config alone."""
     problems = []
     if options.partition not in (*PARTITIONS, "auto"):
@@ -159,7 +159,7 @@ def planner_problems(options: Seq1F1B) -> list[str]:
 
 
 def plan_segments(
-    options: Seq1F1B,
+    options: Seq1F1BOptions,
     seq_len: int,
     tp: int,
     cost: TransformerCost,
@@ -168,7 +168,7 @@ def plan_segments(
 ) -> SegmentPlan:
     """The plan ``options`` ask for at ``seq_len`` tokens per sequence.
 
-    Segment lengths are multiples of :meth:`Seq1F1B.segment_align` (the
+    Segment lengths are multiples of :meth:`Seq1F1BOptions.segment_align` (the
     kernel tile on CUDA unless ``align`` is set; sequence parallel shards
     every segment over the TP ranks); ``cost`` prices
     segments for the "balanced" partition. Options that use the planner need
@@ -210,7 +210,7 @@ def plan_segments(
 
 
 def _planned(
-    options: Seq1F1B,
+    options: Seq1F1BOptions,
     seq_len: int,
     align: int,
     cost: TransformerCost,
@@ -251,7 +251,7 @@ def _planned(
 
 
 def _choose(
-    options: Seq1F1B,
+    options: Seq1F1BOptions,
     seq_len: int,
     align: int,
     cost: TransformerCost,

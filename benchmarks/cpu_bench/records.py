@@ -8,8 +8,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from torchtitan_seq1f1b.planner.compute_spans import ComputeSpan
-from torchtitan_seq1f1b.tools.bench.config import BenchConfig, BenchRow
+from benchmarks.planner_probes.compute_spans import ComputeSpan
+from benchmarks.cpu_bench.config import BenchConfig, BenchRow
 
 __all__ = ["RankRun", "StepTiming", "row_record"]
 
