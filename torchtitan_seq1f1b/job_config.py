@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from torchtitan_seq1f1b.integration.options import Seq1F1BOptions
 
-__all__ = ["JobConfig", "Seq1F1B"]
+__all__ = ["JobConfig", "Seq1F1BOptions"]
 
 
 @dataclass
