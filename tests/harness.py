@@ -31,7 +31,7 @@ from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.local_ranks import RankFailure, run_ranks
 from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, REPO, Run, RunFailed, TEST_ARGS, torchrun
 from torchtitan_seq1f1b.kv_store import KVStore
-from torchtitan_seq1f1b.schedules import runtime as schedule_runtime
+from torchtitan_seq1f1b import schedules as schedule_module
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.kernel_fakes import stand_in_backend
@@ -365,7 +365,7 @@ def broken(what: str, case: Case) -> Iterator[None]:
         cls = SCHEDULES[case.schedule]
         build = cls._build_segment_order
         patch = contextlib.ExitStack()
-        patch.enter_context(mock.patch.object(schedule_runtime, "validate_order", lambda *a: None))
+        patch.enter_context(mock.patch.object(schedule_module, "validate_order", lambda *a: None))
         patch.enter_context(
             mock.patch.object(
                 cls,
@@ -376,10 +376,10 @@ def broken(what: str, case: Case) -> Iterator[None]:
     elif what == "document_mask":
         patch = contextlib.ExitStack()
         patch.enter_context(
-            mock.patch.object(schedule_runtime, "MicrobatchDocuments", lambda *args: None)
+            mock.patch.object(schedule_module, "MicrobatchDocuments", lambda *args: None)
         )
         patch.enter_context(
-            mock.patch.object(schedule_runtime, "upload_varlen_layouts", lambda *args: None)
+            mock.patch.object(schedule_module, "upload_varlen_layouts", lambda *args: None)
         )
     else:
         raise ValueError(f"unknown break {what!r}; choose one of {BREAKS}")

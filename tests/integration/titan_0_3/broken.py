@@ -20,7 +20,7 @@ import torch
 
 from torchtitan_seq1f1b.integration.titan_0_3 import attention, pipeline
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
-from torchtitan_seq1f1b.schedules import runtime
+from torchtitan_seq1f1b import schedules
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["seq1f1b_debug"]
@@ -37,8 +37,8 @@ def _cut_at_segments(ids: torch.Tensor, plan: SegmentPlan) -> torch.Tensor:
 
 
 if BREAK == "segment_attention":
-    documents = runtime.MicrobatchDocuments
-    runtime.MicrobatchDocuments = lambda ids, plan, _: documents(_cut_at_segments(ids, plan), plan)
+    documents = schedules.MicrobatchDocuments
+    schedules.MicrobatchDocuments = lambda ids, plan, _: documents(_cut_at_segments(ids, plan), plan)
 elif BREAK == "normalizer":
     loss_of = pipeline._ScalarLoss.__call__
     pipeline._ScalarLoss.__call__ = lambda self, output, target, global_valid_tokens: loss_of(
