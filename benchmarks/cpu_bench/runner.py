@@ -97,11 +97,10 @@ def _keep_freed_memory_mapped() -> None:
     """Keep freed heap pages in this process instead of returning them to the OS (glibc).
 
     A job repeats one step, so its allocations find their pages again; the
-    bench interleaves rows, and a row after one that holds less memory paid
-    page faults for every page it touched first: torch's 1F1B after the
-    Seq1F1B pick measured 11-18% slower than the same order as Seq1F1B k=1
-    right after it. Blocks over glibc's 32 MiB cap are still mapped apart and
-    returned (the bench model's tensors are all smaller).
+    bench interleaves rows, and without this a row after one that holds less
+    memory would pay page faults for every page it touches first. Blocks over
+    glibc's 32 MiB cap are still mapped apart and returned (the bench model's
+    tensors are all smaller).
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt

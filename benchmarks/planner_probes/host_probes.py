@@ -39,8 +39,7 @@ def pipeline_unit_fits(target: CalibrationTarget) -> UnitFits:
         attention_backend=target.attention_backend,
     )
     # Residuals relative to the plan's time rather than the unit's: a step's error is its units'
-    # errors in seconds, and relative to the unit, k = 16's short units outweighed k = 2's
-    # (which the fit then priced up to 7% fast in the step).
+    # errors in seconds, which relative errors would let many short units outweigh.
     block = {
         kind: fit_unit_time(
             [(n, end, t) for n, end, t, _ in times.block[kind]],

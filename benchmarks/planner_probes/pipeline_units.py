@@ -3,9 +3,8 @@
 
 """Time units where ranks share a host's CPU: inside short pipeline steps of the job's blocks.
 
-Timed alone, a chain's units ran 6-13% faster than the same units inside a
-pipeline step on a CPU, and not by one factor for every plan: the fit of
-direct timings priced two-segment units 6-8% fast against 1F1B's. Between
+Timed alone, a chain's units run faster than the same units inside a
+pipeline step on a CPU, and not by one factor for every plan. Between
 its units a rank runs the runtime (sends, receives, bookkeeping), keeps the
 other units' tensors live, and shares the host's cores and memory bandwidth
 with the ranks computing at the same time. So the units are timed where they

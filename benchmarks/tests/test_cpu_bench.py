@@ -90,11 +90,9 @@ def test_quick_seq1f1b_holds_less_on_rank_0_than_1f1b(quick_records):
 
 
 # measured / predicted rank-0 activation ratio (both against 1F1B), per
-# placement. The simulator counts Korthikanti's bf16 per-token constants and
-# the bench fp32 tensors; at --quick size it measured 0.92 for every loop-placed
-# k=4 row and 1.0 at k=1, and over-predicts the V (rank 0 holds the embedding,
-# the LM head and the loss): 0.88 for ZBVZeroBubble, 0.79 and 0.77 for
-# Seq1F1BZBV k=1 and k=4.
+# placement: the simulator counts Korthikanti's bf16 per-token constants, the
+# bench fp32 tensors, and it over-predicts the V (rank 0 holds the embedding,
+# the LM head and the loss).
 PREDICTION_BOUNDS = {"loop": (0.85, 1.05), "v": (0.7, 1.0)}
 
 

@@ -39,9 +39,9 @@ DTYPES = {
 # 8 significant bits: rounding costs up to 2^-9 per entry, ~1.1e-3 norm-wise
 # (2^-9 / sqrt(3)), which is what rounding the exact result to bf16 alone
 # gives. Kernels also round the softmax probabilities and dS to bf16 before
-# their matmuls: a few such roundings, 2e-3 to 5e-3 for torch's bf16 SDPA on
-# CPU. 2^-6 ~ 1.6e-2 leaves a factor 3; a wrong mask or a missing prefix is
-# off by O(0.1-1). float64 differs from the reference in summation order only.
+# their matmuls, a few roundings more; 2^-6 ~ 1.6e-2 leaves room for them,
+# and a wrong mask or a missing prefix is off by O(0.1-1). float64 differs
+# from the reference in summation order only.
 BOUNDS = {torch.bfloat16: 2**-6, torch.float64: 1e-12}
 
 

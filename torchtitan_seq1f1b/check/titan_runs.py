@@ -27,8 +27,8 @@ DEBUG_CONFIG_0_3 = "torchtitan_seq1f1b:seq1f1b_debug"
 
 # Small and short enough for CI; float32 because torchtitan's non-pipelined
 # path autocasts to bf16 otherwise, which the PP path does not. Data and
-# learning rate are pinned to what the tests' bf16 tolerance was measured on,
-# whatever the debug job's demo uses.
+# learning rate are pinned, whatever the debug job's demo uses: the tests'
+# bf16 tolerance is set for these.
 TEST_ARGS_0_2 = (
     "--training.seq_len", "128",
     "--training.dataset_path", "doc_tokens=257,words=256",

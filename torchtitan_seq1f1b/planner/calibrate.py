@@ -224,9 +224,8 @@ def rank_chain_length(n_layers: int, num_ranks: int) -> int:
     """Blocks to calibrate as one chain for ``n_layers`` over ``num_ranks`` pipeline ranks.
 
     The blocks a rank holds when they are spread evenly (rounded down),
-    whatever its stages: chained this deep, the ZB-V's predicted step ratios
-    came closer to the measured ones than chained as deep as its stages. At
-    most :data:`MAX_CHAINED_BLOCKS`.
+    whatever its stages: that depth predicts a V's steps best
+    (docs/benchmarks.md). At most :data:`MAX_CHAINED_BLOCKS`.
     """
     return max(1, min(n_layers // num_ranks, MAX_CHAINED_BLOCKS))
 

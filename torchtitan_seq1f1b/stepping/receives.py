@@ -5,11 +5,9 @@
 
 torch's lowering posts a unit's receive right before the compute that needs
 it. gloo matches such a late receive through the sender's progress thread,
-and when the sender's own compute thread holds its core, that thread waits
-for a scheduler slice: on the 2-core benchmark host a segment's activation
-arrived 5-6 ms after the receiver asked for it, and a step at k = 8 (pp = 2,
-m = 2) ran 3% longer than with the receives posted when the step starts,
-which are already waiting when each send is issued. gloo's sends and
+which waits for a scheduler slice while the sender's compute thread holds its
+core, so the activation arrives late; receives posted when the step starts
+are already waiting when each send is issued. gloo's sends and
 receives are independent asynchronous operations, matched per (sender,
 receiver) pair in posting order, so moving receives ahead in their own order
 changes no match and cannot deadlock.
