@@ -7,7 +7,13 @@ import json
 import subprocess
 import sys
 
-TOOLS = ("torchtitan_seq1f1b.tools", "torchtitan_seq1f1b.check", "matplotlib")
+TOOLS = (
+    "torchtitan_seq1f1b.tools",
+    "torchtitan_seq1f1b.check",
+    "torchtitan_seq1f1b.local_ranks",
+    "benchmarks",
+    "matplotlib",
+)
 
 
 def test_config_registry_loads_no_tool_module():
