@@ -225,7 +225,7 @@ def rank_chain_length(n_layers: int, num_ranks: int) -> int:
 
     The blocks a rank holds when they are spread evenly (rounded down),
     whatever its stages: that depth predicts a V's steps best
-    (docs/benchmarks.md). At most :data:`MAX_CHAINED_BLOCKS`.
+    (docs/planner.md). At most :data:`MAX_CHAINED_BLOCKS`.
     """
     return max(1, min(n_layers // num_ranks, MAX_CHAINED_BLOCKS))
 
