@@ -75,6 +75,15 @@ __all__ = [
     "worst_relative_grad_error",
 ]
 
+# Modules a torchtitan training process must not load: tools, checks, benchmarks.
+NOT_FOR_TRAINING = (
+    "torchtitan_seq1f1b.tools",
+    "torchtitan_seq1f1b.check",
+    "torchtitan_seq1f1b.local_ranks",
+    "benchmarks",
+    "matplotlib",
+)
+
 
 F64 = torch.float64
 EXACT = 1e-12  # relative tolerance for float64 comparisons

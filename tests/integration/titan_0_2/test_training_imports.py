@@ -7,13 +7,7 @@ import json
 import subprocess
 import sys
 
-TOOLS = (
-    "torchtitan_seq1f1b.tools",
-    "torchtitan_seq1f1b.check",
-    "torchtitan_seq1f1b.local_ranks",
-    "benchmarks",
-    "matplotlib",
-)
+from tests.harness import NOT_FOR_TRAINING as TOOLS
 
 
 def _modules_after_plugin_import() -> list[str]:
