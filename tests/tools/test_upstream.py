@@ -7,12 +7,19 @@ The end-to-end check (patch a copy of torchtitan 0.3, run the experiment's
 tests in it) is tests/integration/titan_0_3/test_upstream.py.
 """
 
+import ast
 import subprocess
+import sys
 
 import pytest
 
 from torchtitan_seq1f1b.upstream.__main__ import main
-from torchtitan_seq1f1b.upstream.experiment_files import experiment_files, rewrite_module
+from torchtitan_seq1f1b.upstream.experiment_files import (
+    experiment_files,
+    public_imports,
+    rewrite_module,
+)
+from torchtitan_seq1f1b.upstream.formatting import ufmt_format
 from torchtitan_seq1f1b.upstream.patch import file_diff
 from torchtitan_seq1f1b.upstream.registration import (
     add_experiment_row,
@@ -121,3 +128,96 @@ def test_a_reference_the_rename_misses_fails_naming_the_line():
         rewrite_module(
             "import os\nfrom torchtitan_seq1f1b.integration import titan_0_3\n", "pipeline.py"
         )
+
+
+def test_the_experiment_ships_torchtitans_integration_test_list():
+    text = experiment_files()[f"{EXPERIMENT_DIR}/tests/integration_tests.py"]
+    assert "from tests.integration_tests import OverrideDefinitions" in text
+    assert "def build_seq1f1b_test_list() -> list[OverrideDefinitions]:" in text
+
+
+# A stand-in ufmt: appends a marker to the files it is given, from the tree's layout.
+FAKE_UFMT = """#!{python}
+import pathlib, sys
+assert sys.argv[1] == "format"
+assert pathlib.Path("torchtitan/__init__.py").is_file()
+assert pathlib.Path("pyproject.toml").read_text() == "[tool.black]\\n"
+for name in sys.argv[2:]:
+    if "bad" in name:
+        sys.exit("cannot parse " + name)
+    path = pathlib.Path(name)
+    path.write_text(path.read_text() + "# formatted\\n")
+"""
+
+
+@pytest.fixture
+def fake_ufmt(tmp_path):
+    (tmp_path / "torchtitan").mkdir()
+    (tmp_path / "torchtitan" / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text("[tool.black]\n")
+    ufmt = tmp_path / "ufmt"
+    ufmt.write_text(FAKE_UFMT.format(python=sys.executable))
+    ufmt.chmod(0o755)
+    return SourceTree(tmp_path), str(ufmt)
+
+
+def test_ufmt_formats_the_python_files_in_the_trees_layout(fake_ufmt):
+    source, ufmt = fake_ufmt
+    files = {f"{EXPERIMENT_DIR}/a.py": "x = 1\n", f"{EXPERIMENT_DIR}/README.md": "# R\n"}
+    assert ufmt_format(files, source, ufmt) == {
+        f"{EXPERIMENT_DIR}/a.py": "x = 1\n# formatted\n",
+        f"{EXPERIMENT_DIR}/README.md": "# R\n",
+    }
+
+
+def test_a_failing_ufmt_fails_naming_it(fake_ufmt):
+    source, ufmt = fake_ufmt
+    with pytest.raises(UpstreamError, match=r"ufmt format failed \(1\):\ncannot parse"):
+        ufmt_format({f"{EXPERIMENT_DIR}/bad.py": "x = (\n"}, source, ufmt)
+    with pytest.raises(UpstreamError, match=r"cannot run '/no/ufmt' \(--ufmt\)"):
+        ufmt_format({f"{EXPERIMENT_DIR}/a.py": ""}, source, "/no/ufmt")
+
+
+def test_exported_names_are_imported_from_the_package():
+    text = "from torchtitan_seq1f1b.schedules import (\n    ScheduleSeq1F1B,\n)\nx = 1\n"
+    assert public_imports(text) == "from torchtitan_seq1f1b import ScheduleSeq1F1B\nx = 1\n"
+    # A private name keeps its whole statement where it is.
+    mixed = "from torchtitan_seq1f1b.attention import check_backend, wrap_attention\n"
+    assert public_imports(mixed) == mixed
+
+
+# What the experiment still imports from outside torchtitan_seq1f1b.__all__
+# (docs/upstream.md, "Public API"): a name leaving this list is progress, one
+# joining it needs a reason there.
+PRIVATE_IMPORTS = {
+    "torchtitan_seq1f1b.attention": {"attention_forward_ops", "check_backend", "KernelTarget"},
+    "torchtitan_seq1f1b.check.titan_runs": {"RunFailed", "TEST_ARGS_0_3", "torchrun"},
+    "torchtitan_seq1f1b.data": {"register_datasets", "TOKENIZER_DIR"},
+    "torchtitan_seq1f1b.integration.config_problems": {"shared_problems"},
+    "torchtitan_seq1f1b.integration.cpu": {"enable_cpu_training"},
+    "torchtitan_seq1f1b.integration.document_masks": {
+        "bind_masks_as_documents", "is_inner_attention", "MASKS_KWARG"
+    },
+    "torchtitan_seq1f1b.integration.metrics": {"Seq1F1BFigures"},
+    "torchtitan_seq1f1b.integration.options": {"Seq1F1BOptions"},
+    "torchtitan_seq1f1b.integration.schedules": {"SCHEDULES", "SPLIT_BACKWARD_SCHEDULES"},
+    "torchtitan_seq1f1b.integration.segment_plan": {
+        "planner_problems", "plan_segments", "PlannerJob", "Seq1F1BConfigError", "uses_planner"
+    },
+    "torchtitan_seq1f1b.integration.summary": {"JobFacts", "run_summary"},
+}
+
+
+def test_the_experiment_imports_only_the_known_private_names():
+    found: dict[str, set[str]] = {}
+    for path, text in experiment_files().items():
+        if not path.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                assert not [a for a in node.names if a.name.startswith("torchtitan_seq1f1b.")]
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "torchtitan_seq1f1b."
+            ):
+                found.setdefault(node.module, set()).update(a.name for a in node.names)
+    assert found == PRIVATE_IMPORTS

@@ -12,6 +12,8 @@ torchtitan 0.3.x source tree (see ``docs/upstream.md``):
   adapter and the README and tests in ``experiment/``;
 - :mod:`.registration`: the experiment's entries in torchtitan's
   ``experiments/__init__.py`` and ``experiments/README.md``;
+- :mod:`.formatting`: with ``--ufmt``, the new Python files formatted as
+  torchtitan's pre-commit formats them;
 - :mod:`.patch`: all of it as one diff.
 
 A tool: training processes never import it.

@@ -1,7 +1,11 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""``python -m torchtitan_seq1f1b.upstream --torchtitan-src DIR [--output seq1f1b.patch]``."""
+"""``python -m torchtitan_seq1f1b.upstream --torchtitan-src DIR [--output P] [--ufmt PATH]``.
+
+``--output`` defaults to ``seq1f1b.patch``; ``--ufmt`` formats the new Python
+files as torchtitan's pre-commit does (:mod:`.formatting`).
+"""
 
 import argparse
 import sys
@@ -24,9 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output", type=Path, default=Path("seq1f1b.patch"), help="patch file to write"
     )
+    parser.add_argument(
+        "--ufmt", default=None,
+        help="ufmt executable to format the experiment's Python files with, as torchtitan's "
+        "pre-commit does (it pins ufmt 2.3.0, black 22.12.0, usort 1.0.5); default: as written",
+    )
     args = parser.parse_args(argv)
     try:
-        patch = build_patch(SourceTree(args.torchtitan_src))
+        patch = build_patch(SourceTree(args.torchtitan_src), ufmt=args.ufmt)
     except UpstreamError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

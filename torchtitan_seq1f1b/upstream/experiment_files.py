@@ -8,7 +8,8 @@
   rewritten to ``torchtitan.experiments.seq1f1b`` (and ``--module
   torchtitan_seq1f1b`` in their docstrings to ``--module seq1f1b``);
   everything else stays imported from ``torchtitan_seq1f1b``, the runtime the
-  experiment depends on;
+  experiment depends on: a name the package exports (``__all__``) from the
+  package itself, not from the submodule defining it;
 - the package's ``__init__`` also calls ``install()`` when imported:
   ``--module seq1f1b`` imports the package before its ``config_registry``,
   as ``--module torchtitan_seq1f1b`` imports ours, so the shipped corpus is
@@ -17,6 +18,8 @@
 - everything under ``experiment/`` next to this module (README, tests), as is.
 """
 
+import ast
+from importlib import import_module
 from pathlib import Path
 
 from torchtitan_seq1f1b.upstream.tree import EXPERIMENT_DIR, UpstreamError
@@ -24,7 +27,8 @@ from torchtitan_seq1f1b.upstream.tree import EXPERIMENT_DIR, UpstreamError
 __all__ = ["ADAPTER_PACKAGE", "EXPERIMENT_PACKAGE", "experiment_files", "rewrite_module"]
 
 # Read as files, not imported: the adapter imports torchtitan, the generator does not need it.
-ADAPTER_PACKAGE = "torchtitan_seq1f1b.integration.titan_0_3"
+PACKAGE = "torchtitan_seq1f1b"
+ADAPTER_PACKAGE = f"{PACKAGE}.integration.titan_0_3"
 ADAPTER_DIR = Path(__file__).parents[1].joinpath(*ADAPTER_PACKAGE.split(".")[1:])
 EXPERIMENT_PACKAGE = EXPERIMENT_DIR.replace("/", ".")
 TEMPLATES = Path(__file__).parent / "experiment"
@@ -39,6 +43,33 @@ install()
 """
 
 
+def _exported(module: str, name: str) -> bool:
+    """Whether ``module``'s ``name`` is the package's public ``name``."""
+    package = import_module(PACKAGE)
+    # Checked in this order: only public names' modules are imported (others import torchtitan).
+    return name in package.__all__ and getattr(package, name) is getattr(
+        import_module(module), name, None
+    )
+
+
+def public_imports(text: str) -> str:
+    """``text`` with each top-level ``from torchtitan_seq1f1b.<module> import ...``
+    of exported names only rewritten to ``from torchtitan_seq1f1b import ...``."""
+    lines = text.splitlines(keepends=True)
+    imports = [node for node in ast.parse(text).body if isinstance(node, ast.ImportFrom)]
+    # Bottom up, so earlier statements keep their line numbers.
+    for node in reversed(imports):
+        module, names = node.module or "", [alias.name for alias in node.names]
+        if node.level or not module.startswith(f"{PACKAGE}."):
+            continue
+        if any(alias.asname for alias in node.names):
+            continue
+        if all(_exported(module, name) for name in names):
+            statement = f"from {PACKAGE} import {', '.join(names)}\n"
+            lines[node.lineno - 1 : node.end_lineno] = [statement]
+    return "".join(lines)
+
+
 def rewrite_module(text: str, name: str) -> str:
     """An adapter module's ``text`` (file ``name``) as the experiment's.
 
@@ -48,6 +79,7 @@ def rewrite_module(text: str, name: str) -> str:
     """
     for old, new in RENAMES.items():
         text = text.replace(old, new)
+    text = public_imports(text)
     leftover = ADAPTER_PACKAGE.rsplit(".", 1)[-1]
     for number, line in enumerate(text.splitlines(), 1):
         if leftover in line:

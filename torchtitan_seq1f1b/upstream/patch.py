@@ -6,6 +6,7 @@
 import difflib
 
 from torchtitan_seq1f1b.upstream.experiment_files import experiment_files
+from torchtitan_seq1f1b.upstream.formatting import ufmt_format
 from torchtitan_seq1f1b.upstream.registration import add_experiment_row, add_supported_experiment
 from torchtitan_seq1f1b.upstream.tree import SourceTree
 
@@ -31,12 +32,13 @@ def file_diff(path: str, old: str | None, new: str) -> str:
     )
 
 
-def build_patch(source: SourceTree) -> str:
+def build_patch(source: SourceTree, ufmt: str | None = None) -> str:
     """The patch that adds the seq1f1b experiment to ``source``.
 
     The registration hunks are computed from ``source``'s own files;
     ``experiments/README.md`` gets its row only where the tree has one (the
-    wheel does not ship it).
+    wheel does not ship it). With ``ufmt`` (a ufmt executable) the new Python
+    files are formatted as torchtitan's pre-commit formats them.
     """
     edits = {EXPERIMENTS_INIT: add_supported_experiment}
     if source.exists(EXPERIMENTS_README):
@@ -46,5 +48,8 @@ def build_patch(source: SourceTree) -> str:
         old = source.read(path)
         # Errors name the file as the user knows it.
         parts.append(file_diff(path, old, edit(old, str(source.root / path))))
-    parts += [file_diff(path, None, text) for path, text in experiment_files().items()]
+    files = experiment_files()
+    if ufmt is not None:
+        files = ufmt_format(files, source, ufmt)
+    parts += [file_diff(path, None, text) for path, text in files.items()]
     return "".join(parts)

@@ -22,9 +22,13 @@ RTOL = 1e-4
 def seed_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("seed")
     torchrun(
-        folder, 1, *TEST_ARGS_0_3,
-        "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
-        "--parallelism.pipeline_parallel_degree", "1",
+        folder,
+        1,
+        *TEST_ARGS_0_3,
+        "--checkpoint.enable",
+        "--checkpoint.create_seed_checkpoint",
+        "--parallelism.pipeline_parallel_degree",
+        "1",
         config=CONFIG,
     )
     return folder / "checkpoint" / "step-0"
@@ -32,10 +36,14 @@ def seed_checkpoint(tmp_path_factory):
 
 def train(folder, nproc, seed_checkpoint, *args):
     return torchrun(
-        folder, nproc, *TEST_ARGS_0_3,
+        folder,
+        nproc,
+        *TEST_ARGS_0_3,
         "--checkpoint.enable",
-        "--checkpoint.initial_load_path", str(seed_checkpoint),
-        "--checkpoint.interval", "1000",
+        "--checkpoint.initial_load_path",
+        str(seed_checkpoint),
+        "--checkpoint.interval",
+        "1000",
         *args,
         config=CONFIG,
     )
@@ -43,19 +51,27 @@ def train(folder, nproc, seed_checkpoint, *args):
 
 def test_pp2_seq1f1b_matches_unpipelined(tmp_path, seed_checkpoint):
     reference = train(
-        tmp_path / "pp1", 1, seed_checkpoint, "--parallelism.pipeline_parallel_degree", "1"
+        tmp_path / "pp1",
+        1,
+        seed_checkpoint,
+        "--parallelism.pipeline_parallel_degree",
+        "1",
     )
     seq1f1b = train(tmp_path / "pp2", 2, seed_checkpoint)
     assert "Using pipeline schedule Seq1F1B" in seq1f1b.output
     steps = sorted(reference.losses)
     assert len(steps) >= 5 and sorted(seq1f1b.losses) == steps
     for step in steps:
-        assert seq1f1b.losses[step] == pytest.approx(reference.losses[step], rel=RTOL), step
+        assert seq1f1b.losses[step] == pytest.approx(
+            reference.losses[step], rel=RTOL
+        ), step
     assert seq1f1b.grad_norms[1] == pytest.approx(reference.grad_norms[1], rel=RTOL)
 
 
 def test_bad_option_fails_naming_it(tmp_path):
     with pytest.raises(RunFailed) as failure:
-        torchrun(tmp_path, 2, *TEST_ARGS_0_3, "--seq1f1b.num_segments", "300", config=CONFIG)
+        torchrun(
+            tmp_path, 2, *TEST_ARGS_0_3, "--seq1f1b.num_segments", "300", config=CONFIG
+        )
     assert "seq1f1b.num_segments=300" in failure.value.output
     assert "Training starts" not in failure.value.output
