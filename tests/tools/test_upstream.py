@@ -13,6 +13,9 @@ import sys
 
 import pytest
 
+import torchtitan_seq1f1b
+from torchtitan_seq1f1b import integration
+from torchtitan_seq1f1b.check import titan_runs
 from torchtitan_seq1f1b.upstream.__main__ import main
 from torchtitan_seq1f1b.upstream.experiment_files import (
     experiment_files,
@@ -178,46 +181,47 @@ def test_a_failing_ufmt_fails_naming_it(fake_ufmt):
         ufmt_format({f"{EXPERIMENT_DIR}/a.py": ""}, source, "/no/ufmt")
 
 
-def test_exported_names_are_imported_from_the_package():
+def test_names_are_imported_from_their_public_module():
     text = "from torchtitan_seq1f1b.schedules import (\n    ScheduleSeq1F1B,\n)\nx = 1\n"
     assert public_imports(text) == "from torchtitan_seq1f1b import ScheduleSeq1F1B\nx = 1\n"
-    # A private name keeps its whole statement where it is.
-    mixed = "from torchtitan_seq1f1b.attention import check_backend, wrap_attention\n"
-    assert public_imports(mixed) == mixed
+    # A statement's names split between the runtime and the torchtitan toolkit.
+    mixed = "from torchtitan_seq1f1b.attention import check_backend, wrap_attention as wrap\n"
+    assert public_imports(mixed) == (
+        "from torchtitan_seq1f1b.integration import check_backend\n"
+        "from torchtitan_seq1f1b import wrap_attention as wrap\n"
+    )
 
 
-# What the experiment still imports from outside torchtitan_seq1f1b.__all__
-# (docs/upstream.md, "Public API"): a name leaving this list is progress, one
-# joining it needs a reason there.
-PRIVATE_IMPORTS = {
-    "torchtitan_seq1f1b.attention": {"attention_forward_ops", "check_backend", "KernelTarget"},
-    "torchtitan_seq1f1b.check.titan_runs": {"RunFailed", "TEST_ARGS_0_3", "torchrun"},
-    "torchtitan_seq1f1b.data": {"register_datasets", "TOKENIZER_DIR"},
-    "torchtitan_seq1f1b.integration.config_problems": {"shared_problems"},
-    "torchtitan_seq1f1b.integration.cpu": {"enable_cpu_training"},
-    "torchtitan_seq1f1b.integration.document_masks": {
-        "bind_masks_as_documents", "is_inner_attention", "MASKS_KWARG"
-    },
-    "torchtitan_seq1f1b.integration.metrics": {"Seq1F1BFigures"},
-    "torchtitan_seq1f1b.integration.options": {"Seq1F1BOptions"},
-    "torchtitan_seq1f1b.integration.schedules": {"SCHEDULES", "SPLIT_BACKWARD_SCHEDULES"},
-    "torchtitan_seq1f1b.integration.segment_plan": {
-        "planner_problems", "plan_segments", "PlannerJob", "Seq1F1BConfigError", "uses_planner"
-    },
-    "torchtitan_seq1f1b.integration.summary": {"JobFacts", "run_summary"},
+def test_a_name_no_public_module_exports_fails_the_patch():
+    private = "from torchtitan_seq1f1b.attention.choice import resolve_backend\n"
+    with pytest.raises(UpstreamError, match=r"a.py:1 imports .*resolve_backend, which no public"):
+        public_imports(private, "a.py")
+
+
+PUBLIC_MODULES = {
+    "torchtitan_seq1f1b": torchtitan_seq1f1b.__all__,
+    "torchtitan_seq1f1b.integration": integration.__all__,
 }
 
 
-def test_the_experiment_imports_only_the_known_private_names():
-    found: dict[str, set[str]] = {}
+def test_the_experiment_imports_only_public_names():
+    """Its code imports the runtime's and the toolkit's ``__all__``; its tests may also use
+    the torchtitan-run helpers' ``__all__``."""
+    found = set()
     for path, text in experiment_files().items():
         if not path.endswith(".py"):
             continue
+        public = PUBLIC_MODULES
+        if "/tests/" in path:
+            public = {**public, titan_runs.__name__: titan_runs.__all__}
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Import):
-                assert not [a for a in node.names if a.name.startswith("torchtitan_seq1f1b.")]
+                assert not [a for a in node.names if a.name.startswith("torchtitan_seq1f1b")]
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "torchtitan_seq1f1b."
+                "torchtitan_seq1f1b"
             ):
-                found.setdefault(node.module, set()).update(a.name for a in node.names)
-    assert found == PRIVATE_IMPORTS
+                assert node.module in public, (path, node.module)
+                for alias in node.names:
+                    assert alias.name in public[node.module], (path, node.module, alias.name)
+                    found.add(node.module)
+    assert found == {*PUBLIC_MODULES, titan_runs.__name__}

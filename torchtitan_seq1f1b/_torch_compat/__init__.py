@@ -18,7 +18,8 @@ and nowhere else, and the torch versions they were tested against are pinned:
 - :mod:`.dispatch_modes`: torch's Python dispatch modes, for the counters
   and the CPU emulation of autograd's device threads;
 - :mod:`.process_group_store`: the default process group's store, where
-  ranks wait for the planner without a collective's timeout.
+  ranks wait for the planner without a collective's timeout;
+- :mod:`.devices`: the accelerator torch finds, as torchtitan asks for it.
 """
 
 import os

@@ -19,6 +19,19 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from torchtitan_seq1f1b.integration import titan_release
 
+__all__ = [
+    "DEBUG_CONFIG",
+    "DEBUG_CONFIG_0_3",
+    "REPO",
+    "Run",
+    "RunFailed",
+    "TEST_ARGS",
+    "TEST_ARGS_0_2",
+    "TEST_ARGS_0_3",
+    "job_args",
+    "torchrun",
+]
+
 REPO = Path(__file__).resolve().parents[2]  # the source checkout
 DEBUG_CONFIG = REPO / "train_configs" / "debug_seq1f1b.toml"
 # torchtitan 0.3: "<module>:<config function>" of the debug job.

@@ -3,9 +3,13 @@
 
 """torchtitan glue: one adapter per torchtitan release, sharing the ``[seq1f1b]`` options.
 
+This package's ``__all__`` is the toolkit an adapter builds on, with the
+runtime's own ``torchtitan_seq1f1b.__all__``: the adapters here and the
+upstream experiment (docs/upstream.md) import nothing else of the package.
+
 - :mod:`.options`: the ``[seq1f1b]`` options, one dataclass for every adapter;
 - :mod:`.schedules`: the Seq1F1B schedule names a job selects;
-- :mod:`.plan`: the segment plan the options ask for;
+- :mod:`.segment_plan`: the segment plan the options ask for;
 - :mod:`.document_masks`: torchtitan's ``attention_masks`` as document ids;
 - :mod:`.metrics`, :mod:`.summary`: the figures a job logs and its closing lines;
 - :mod:`.cpu`: torchtitan on a machine without an accelerator;
@@ -21,7 +25,42 @@ torchtitan process; nothing here imports torchtitan before that.
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["install", "titan_release"]
+# The toolkit, each name from the module defining it; loaded on first use, since
+# some modules import torchtitan and this package must import without it.
+TOOLKIT = {
+    "KernelTarget": "torchtitan_seq1f1b.attention",
+    "attention_forward_ops": "torchtitan_seq1f1b.attention",
+    "check_backend": "torchtitan_seq1f1b.attention",
+    "TOKENIZER_DIR": "torchtitan_seq1f1b.data",
+    "register_datasets": "torchtitan_seq1f1b.data",
+    "shared_problems": "torchtitan_seq1f1b.integration.config_problems",
+    "enable_cpu_training": "torchtitan_seq1f1b.integration.cpu",
+    "MASKS_KWARG": "torchtitan_seq1f1b.integration.document_masks",
+    "bind_masks_as_documents": "torchtitan_seq1f1b.integration.document_masks",
+    "is_inner_attention": "torchtitan_seq1f1b.integration.document_masks",
+    "Seq1F1BFigures": "torchtitan_seq1f1b.integration.metrics",
+    "KERNEL_TILE": "torchtitan_seq1f1b.integration.options",
+    "Seq1F1BOptions": "torchtitan_seq1f1b.integration.options",
+    "SCHEDULES": "torchtitan_seq1f1b.integration.schedules",
+    "SPLIT_BACKWARD_SCHEDULES": "torchtitan_seq1f1b.integration.schedules",
+    "ScheduleEntry": "torchtitan_seq1f1b.integration.schedules",
+    "PlannerJob": "torchtitan_seq1f1b.integration.segment_plan",
+    "Seq1F1BConfigError": "torchtitan_seq1f1b.integration.segment_plan",
+    "plan_segments": "torchtitan_seq1f1b.integration.segment_plan",
+    "planner_problems": "torchtitan_seq1f1b.integration.segment_plan",
+    "uses_planner": "torchtitan_seq1f1b.integration.segment_plan",
+    "JobFacts": "torchtitan_seq1f1b.integration.summary",
+    "run_summary": "torchtitan_seq1f1b.integration.summary",
+}
+
+__all__ = sorted(["install", "titan_release", *TOOLKIT])
+
+
+def __getattr__(name: str):
+    if name not in TOOLKIT:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(TOOLKIT[name]), name)
+
 
 ADAPTERS = {
     "0.2": "torchtitan_seq1f1b.integration.titan_0_2",

@@ -11,16 +11,19 @@ the device; everything here is a no-op where an accelerator exists.
 """
 
 import importlib
+import logging
 import os
 import platform
 import resource
 from types import SimpleNamespace
 
 import torch
-from torch._utils import _get_available_device_type
 from torch.distributed.fsdp import FSDPModule
 
-from torchtitan.tools.logging import logger
+from torchtitan_seq1f1b._torch_compat.devices import available_device_type
+
+# torchtitan logs to the root logger; importing its module here would import torchtitan.
+logger = logging.getLogger()
 
 __all__ = ["CPUDeviceModule", "enable_cpu_training"]
 
@@ -83,7 +86,7 @@ def enable_cpu_training(device_consumers: tuple[str, ...]) -> bool:
     ``device_module`` (``torchtitan.tools.utils`` and those that copy them at
     import time).
     """
-    if _get_available_device_type() is not None:
+    if available_device_type() is not None:
         return False
     device_module = CPUDeviceModule()
     for name in device_consumers:

@@ -7,9 +7,10 @@
   (:mod:`torchtitan_seq1f1b.integration.titan_0_3`), with that package's name
   rewritten to ``torchtitan.experiments.seq1f1b`` (and ``--module
   torchtitan_seq1f1b`` in their docstrings to ``--module seq1f1b``);
-  everything else stays imported from ``torchtitan_seq1f1b``, the runtime the
-  experiment depends on: a name the package exports (``__all__``) from the
-  package itself, not from the submodule defining it;
+  everything else stays imported from the package's two public modules:
+  the runtime (``torchtitan_seq1f1b.__all__``) and the torchtitan toolkit
+  (``torchtitan_seq1f1b.integration.__all__``), never from the submodule
+  defining a name;
 - the package's ``__init__`` also calls ``install()`` when imported:
   ``--module seq1f1b`` imports the package before its ``config_registry``,
   as ``--module torchtitan_seq1f1b`` imports ours, so the shipped corpus is
@@ -22,13 +23,15 @@ import ast
 from importlib import import_module
 from pathlib import Path
 
+from torchtitan_seq1f1b.integration import TOOLKIT
 from torchtitan_seq1f1b.upstream.tree import EXPERIMENT_DIR, UpstreamError
 
 __all__ = ["ADAPTER_PACKAGE", "EXPERIMENT_PACKAGE", "experiment_files", "rewrite_module"]
 
 # Read as files, not imported: the adapter imports torchtitan, the generator does not need it.
 PACKAGE = "torchtitan_seq1f1b"
-ADAPTER_PACKAGE = f"{PACKAGE}.integration.titan_0_3"
+TOOLKIT_PACKAGE = f"{PACKAGE}.integration"
+ADAPTER_PACKAGE = f"{TOOLKIT_PACKAGE}.titan_0_3"
 ADAPTER_DIR = Path(__file__).parents[1].joinpath(*ADAPTER_PACKAGE.split(".")[1:])
 EXPERIMENT_PACKAGE = EXPERIMENT_DIR.replace("/", ".")
 TEMPLATES = Path(__file__).parent / "experiment"
@@ -43,30 +46,46 @@ install()
 """
 
 
-def _exported(module: str, name: str) -> bool:
-    """Whether ``module``'s ``name`` is the package's public ``name``."""
+def public_home(module: str, name: str) -> str | None:
+    """The public module exporting ``module``'s ``name``: the runtime (``torchtitan_seq1f1b``)
+    or the torchtitan toolkit (``torchtitan_seq1f1b.integration``); None if neither does."""
     package = import_module(PACKAGE)
-    # Checked in this order: only public names' modules are imported (others import torchtitan).
-    return name in package.__all__ and getattr(package, name) is getattr(
+    # The runtime's modules import no torchtitan, so comparing objects is safe there.
+    if name in package.__all__ and getattr(package, name) is getattr(
         import_module(module), name, None
-    )
+    ):
+        return PACKAGE
+    if TOOLKIT.get(name) == module:
+        return TOOLKIT_PACKAGE
+    return None
 
 
-def public_imports(text: str) -> str:
-    """``text`` with each top-level ``from torchtitan_seq1f1b.<module> import ...``
-    of exported names only rewritten to ``from torchtitan_seq1f1b import ...``."""
+def public_imports(text: str, name: str = "<text>") -> str:
+    """``text`` with each top-level ``from torchtitan_seq1f1b.<module> import ...`` rewritten
+    to import the same names from their public home (:func:`public_home`).
+
+    Fails naming the file and the import if a name has none.
+    """
     lines = text.splitlines(keepends=True)
     imports = [node for node in ast.parse(text).body if isinstance(node, ast.ImportFrom)]
     # Bottom up, so earlier statements keep their line numbers.
     for node in reversed(imports):
-        module, names = node.module or "", [alias.name for alias in node.names]
-        if node.level or not module.startswith(f"{PACKAGE}."):
+        module = node.module or ""
+        if node.level or not module.startswith(f"{PACKAGE}.") or module == TOOLKIT_PACKAGE:
             continue
-        if any(alias.asname for alias in node.names):
-            continue
-        if all(_exported(module, name) for name in names):
-            statement = f"from {PACKAGE} import {', '.join(names)}\n"
-            lines[node.lineno - 1 : node.end_lineno] = [statement]
+        homes: dict[str, list[str]] = {}
+        for alias in node.names:
+            home = public_home(module, alias.name)
+            if home is None:
+                raise UpstreamError(
+                    f"{name}:{node.lineno} imports {module}.{alias.name}, which no public "
+                    f"module exports: add it to {PACKAGE}.__all__ (runtime) or to "
+                    f"{TOOLKIT_PACKAGE}'s toolkit"
+                )
+            spelled = alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
+            homes.setdefault(home, []).append(spelled)
+        statements = [f"from {home} import {', '.join(names)}\n" for home, names in homes.items()]
+        lines[node.lineno - 1 : node.end_lineno] = statements
     return "".join(lines)
 
 
@@ -79,7 +98,7 @@ def rewrite_module(text: str, name: str) -> str:
     """
     for old, new in RENAMES.items():
         text = text.replace(old, new)
-    text = public_imports(text)
+    text = public_imports(text, name)
     leftover = ADAPTER_PACKAGE.rsplit(".", 1)[-1]
     for number, line in enumerate(text.splitlines(), 1):
         if leftover in line:
