@@ -324,6 +324,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             return float(max(valid, 1))
         return 1.0
 
+
 class ScheduleInterleavedSeq1F1B(ScheduleSeq1F1B):
     """Seq1F1B with several stages (model chunks) per rank, loop placement.
 

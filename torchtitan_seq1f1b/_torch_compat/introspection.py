@@ -60,7 +60,6 @@ def timed_p2p_waits() -> Iterator[P2PWaitTime]:
         _schedules._wait_batch_p2p = original
 
 
-
 @contextlib.contextmanager
 def recorded_p2p_receives() -> Iterator[list[torch.Size]]:
     """The shape of every buffer torch's pipeline runtime posts a receive into.

@@ -95,7 +95,6 @@ class Case:
         target[torch.rand(shape, generator=gen) < 0.15] = -100
         return tokens.to(device), target.to(device)
 
-
     def document_ids(self, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """(n_microbatches * microbatch_size, seq_len) ids of :attr:`documents`, or None."""
         if self.documents is None:

@@ -56,6 +56,7 @@ __all__ = [
     "uses_document_ids",
 ]
 
+
 def eos_document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     """Document ids as torchtitan 0.2.2's ``get_document_mask_mod`` derives them.
 

@@ -48,6 +48,7 @@ __all__ = [
     "positions_document_ids",
 ]
 
+
 class SegmentAwareInnerAttention(SegmentAwareAttention):
     """:class:`SegmentAwareAttention` called as torchtitan 0.3 calls inner attention."""
 
