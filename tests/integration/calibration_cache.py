@@ -115,7 +115,9 @@ def write_calibration(
         mock.patch.object(
             _calibrate_module,
             "calibrate",
-            lambda t: dataclasses.replace(model, calibrated_for=t.key()),
+            lambda t, probes: dataclasses.replace(
+                model, calibrated_for=_calibrate_module._measured_for(t, probes)
+            ),
         ),
     ):
         _, path, _ = cached_calibration(target, refresh=True)

@@ -322,7 +322,7 @@ def test_cpu_support_changes_nothing_where_an_accelerator_exists(monkeypatch):
     from torchtitan_seq1f1b.integration import cpu
     from torchtitan_seq1f1b.integration.titan_0_2 import DEVICE_CONSUMERS
 
-    monkeypatch.setattr(cpu, "_get_available_device_type", lambda: "cuda")
+    monkeypatch.setattr(cpu, "available_device_type", lambda: "cuda")
     assert cpu.enable_cpu_training(DEVICE_CONSUMERS) is False
 
 
