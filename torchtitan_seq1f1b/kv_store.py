@@ -196,6 +196,38 @@ class KVStore:
         positions ``[key_start, end)`` with ``key_start`` 0 for causal
         attention and :attr:`SegmentDocuments.key_start` with documents.
         """
+        buffers, key_start, start = self._placed(layer, k)
+        views = _AttachToPrefix.apply(k, v, buffers, key_start, start, self)
+        self.record_peak()
+        return views
+
+    def prefix(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor, write: bool):
+        """:meth:`attach` without autograd, for an op that computes its own gradients.
+
+        ``write`` stores the segment's K/V (its forward); without it (its
+        backward) the buffers already hold them. Returns the keys and values
+        the segment attends, a function banking their gradients that returns
+        the segment's own part, and the segment's documents (None if dense).
+        """
+        buffers, key_start, start = self._placed(layer, k)
+        end = start + k.shape[1]
+        if write:
+            buffers.write(start, k, v)
+            self.record_peak()
+        keys, values = buffers.views(key_start, end) if key_start >= buffers.low else (k, v)
+
+        def bank(grad_k: torch.Tensor, grad_v: torch.Tensor):
+            own = buffers.take_grads(key_start, start, end, grad_k, grad_v)
+            self.record_peak()
+            return own
+
+        documents = self.running.segment_documents
+        if documents is not None and documents.dense:
+            documents = None
+        return keys, values, bank, documents
+
+    def _placed(self, layer: nn.Module, k: torch.Tensor) -> tuple[_PrefixBuffers, int, int]:
+        """The running microbatch's buffers of ``layer``, the unit's first key and first position."""
         running = self.running
         if running is None:
             raise RuntimeError("KVStore.attach needs a running unit (see running_unit)")
@@ -215,10 +247,7 @@ class KVStore:
                 )
             buffers = _PrefixBuffers(k, running.keep_from, plan.seq_len, plan.offsets[-1])
             self._buffers[key] = buffers
-        key_start = running.key_start
-        views = _AttachToPrefix.apply(k, v, buffers, key_start, plan.offsets[segment], self)
-        self.record_peak()
-        return views
+        return buffers, running.key_start, plan.offsets[segment]
 
     def record_peak(self) -> None:
         self.peak_bytes = max(self.peak_bytes, self.nbytes)

@@ -120,6 +120,21 @@ class AttentionBackend:
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def runs_as_op(self, target: KernelTarget) -> bool:
+        """Whether ``target`` runs this backend through the registered op
+        (:mod:`~torchtitan_seq1f1b.attention.segment_op`), which calls
+        :meth:`forward` and :meth:`backward` instead of autograd."""
+        return False
+
+    def forward(self, q, k, v, scale: float, documents: SegmentDocuments | None):
+        """Layouts as :meth:`__call__`; returns the output and the kernel's logsumexp
+        (batch, n_heads, Lq), contiguous."""
+        raise NotImplementedError
+
+    def backward(self, grad, q, k, v, out, lse, scale: float, documents):
+        """(dq, dk, dv) of :meth:`forward`'s output, dk/dv for all ``Lk`` keys."""
+        raise NotImplementedError
+
 
 DenseKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
 

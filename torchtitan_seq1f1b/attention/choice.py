@@ -53,6 +53,16 @@ class _AutoBackend(AttentionBackend):
     def __call__(self, q, k, v, scale, documents=None):
         return _auto_choice(KernelTarget.of(q))(q, k, v, scale, documents)
 
+    def runs_as_op(self, target: KernelTarget) -> bool:
+        return _auto_choice(target).runs_as_op(target)
+
+    def forward(self, q, k, v, scale, documents):
+        return _auto_choice(KernelTarget.of(q)).forward(q, k, v, scale, documents)
+
+    def backward(self, grad, q, k, v, out, lse, scale, documents):
+        chosen = _auto_choice(KernelTarget.of(q))
+        return chosen.backward(grad, q, k, v, out, lse, scale, documents)
+
 
 def resolve_backend(name: str) -> AttentionBackend:
     """Backend for an ``attention_backend`` option: "auto", "flash", "varlen" or "sdpa"."""

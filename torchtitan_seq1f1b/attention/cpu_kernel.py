@@ -7,10 +7,10 @@ import torch
 
 from torchtitan_seq1f1b.documents import SegmentDocuments
 
-__all__ = ["lower_right_causal_attention_cpu"]
+__all__ = ["cpu_flash_backward", "cpu_flash_forward", "lower_right_causal_attention_cpu"]
 
 
-def _additive_mask(
+def additive_mask(
     q_len: int, k_len: int, like: torch.Tensor, documents: SegmentDocuments | None
 ) -> torch.Tensor:
     """Additive mask: (q_len, k_len) where query t sees keys up to ``k_len - q_len +
@@ -36,7 +36,7 @@ class _LowerRightCausalAttentionCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale, documents):
-        mask = _additive_mask(q.shape[2], k.shape[2], q, documents)
+        mask = additive_mask(q.shape[2], k.shape[2], q, documents)
         out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale
         )
@@ -47,7 +47,7 @@ class _LowerRightCausalAttentionCPU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, logsumexp = ctx.saved_tensors
-        mask = _additive_mask(q.shape[2], k.shape[2], q, ctx.documents)
+        mask = additive_mask(q.shape[2], k.shape[2], q, ctx.documents)
         grad_q, grad_k, grad_v = (
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 grad_out, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask, scale=ctx.scale
@@ -71,3 +71,30 @@ def lower_right_causal_attention_cpu(
     each query's document when ``documents`` is given.
     """
     return _LowerRightCausalAttentionCPU.apply(q, k, v, scale, documents)
+
+
+def cpu_flash_forward(q, k, v, scale, documents):
+    """The CPU flash kernel, bottom-right causal (and per document): (out, logsumexp).
+
+    q: (batch, heads, q_len, head_dim); k, v: (batch, kv_heads, k_len, head_dim).
+    """
+    if q.shape[2] == k.shape[2] and documents is None:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, True, scale=scale
+        )
+    mask = additive_mask(q.shape[2], k.shape[2], q, documents)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=mask, scale=scale
+    )
+
+
+def cpu_flash_backward(grad, q, k, v, out, lse, scale, documents):
+    """(dq, dk, dv) of :func:`cpu_flash_forward`, the mask rebuilt; layouts as its."""
+    if q.shape[2] == k.shape[2] and documents is None:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, True, scale=scale
+        )
+    mask = additive_mask(q.shape[2], k.shape[2], q, documents)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale
+    )

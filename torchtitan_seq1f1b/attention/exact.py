@@ -12,13 +12,21 @@ from torchtitan_seq1f1b.attention.backend import (
     KernelTarget,
     per_document,
 )
-from torchtitan_seq1f1b.attention.cpu_kernel import lower_right_causal_attention_cpu
+from torchtitan_seq1f1b.attention.cpu_kernel import (
+    cpu_flash_backward,
+    cpu_flash_forward,
+    lower_right_causal_attention_cpu,
+)
 from torchtitan_seq1f1b.attention.cuda_mem_efficient import (
     lower_right_causal_attention_cuda,
     mem_efficient_requirements,
 )
 
 __all__ = ["SDPABackend"]
+
+
+def _heads_first(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.transpose(1, 2) for t in tensors]
 
 
 class SDPABackend(AttentionBackend):
@@ -35,6 +43,17 @@ class SDPABackend(AttentionBackend):
 
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         return []
+
+    def runs_as_op(self, target: KernelTarget) -> bool:
+        return target.device.type == "cpu"
+
+    def forward(self, q, k, v, scale, documents):
+        out, lse = cpu_flash_forward(*_heads_first(q, k, v), scale, documents)
+        return out.transpose(1, 2).contiguous(), lse.contiguous()
+
+    def backward(self, grad, q, k, v, out, lse, scale, documents):
+        grads = cpu_flash_backward(*_heads_first(grad, q, k, v, out), lse, scale, documents)
+        return tuple(g.transpose(1, 2) for g in grads)
 
     def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)

@@ -25,6 +25,7 @@ _ATEN = (
 )
 # Registered by the packages that own them; absent ones are skipped.
 _REGISTERED = (
+    ("seq1f1b", "segment_attention"),  # exact path on CPU, as one op (compiles)
     ("torch_attn", "_varlen_attn"),  # varlen backend, packed documents
     ("flash_attn", "_flash_attn_forward"),  # flash backend, dense
     ("flash_attn", "_flash_attn_varlen_forward"),  # flash backend, packed documents

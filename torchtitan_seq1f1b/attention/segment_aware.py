@@ -21,6 +21,7 @@ import torch.nn as nn
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet, resolve_backend
+from torchtitan_seq1f1b.attention.segment_op import LayerHandles, segment_attention
 from torchtitan_seq1f1b.documents import check_document_ids, MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -43,6 +44,19 @@ class SegmentAwareAttention(nn.Module):
         self.backend = resolve_backend(backend) if isinstance(backend, str) else backend
         self.scale = scale
         self.kv_store: KVStore | None = None
+        # Stands for this layer inside compiled graphs (segment_op): an input, not a constant.
+        self.register_buffer("handle", torch.empty(0), persistent=False)
+        LayerHandles.register(self, self.handle)
+
+    # .to(), to_empty(), deepcopy and unpickling give the layer a new handle tensor.
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        LayerHandles.register(self, self.handle)
+        return module
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        LayerHandles.register(self, self.handle)
 
     def forward(
         self,
@@ -78,6 +92,10 @@ class SegmentAwareAttention(nn.Module):
             (batch, seq_len, n_heads, head_dim)
         """
         raise_if_unmet(self.backend, KernelTarget.of(q))
+        scale = self.scale if scale is None else scale
+        if self.backend.runs_as_op(KernelTarget.of(q)):
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            return segment_attention(q, k, v, self.handle, scale)[0]
         store = self.kv_store
         running = store.running if store is not None else None
         documents = None
@@ -86,7 +104,7 @@ class SegmentAwareAttention(nn.Module):
             documents = running.segment_documents
             if documents is not None and documents.dense:
                 documents = None
-        return self.backend(q, k, v, self.scale if scale is None else scale, documents)
+        return self.backend(q, k, v, scale, documents)
 
     def extra_repr(self) -> str:
         return f"backend={self.backend.name}"

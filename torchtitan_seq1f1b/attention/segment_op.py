@@ -1,0 +1,107 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Segment-aware attention as one registered op per call, opaque to torch.compile.
+
+A compiled block sees ``seq1f1b::segment_attention`` and nothing of the K/V
+store or the running unit, so it neither breaks its graph nor guards on the
+unit: the op's implementation reaches both through the layer, which it finds
+from a zero-element buffer the layer holds (:class:`LayerHandles`). The
+buffer is a graph input like any other, so layers share one compiled graph.
+
+The op returns the output and the kernel's logsumexp; its backward is a
+second op computing (dq, dk, dv) with the kernel's backward and banking the
+prefix part of dk/dv in the store, as :class:`~torchtitan_seq1f1b.kv_store.KVStore`
+does for eager attention.
+"""
+
+import weakref
+
+import torch
+import torch.nn as nn
+
+__all__ = ["LayerHandles", "segment_attention"]
+
+
+class LayerHandles:
+    """Zero-element tensors standing for attention layers inside compiled graphs."""
+
+    _layers: "weakref.WeakValueDictionary[int, nn.Module]" = weakref.WeakValueDictionary()
+
+    @classmethod
+    def register(cls, layer: nn.Module, handle: torch.Tensor) -> None:
+        cls._layers[id(handle)] = layer
+
+    @classmethod
+    def layer(cls, handle: torch.Tensor) -> nn.Module:
+        try:
+            return cls._layers[id(handle)]
+        except KeyError:
+            raise RuntimeError("segment_attention got a handle of no live attention layer") from None
+
+
+def _prefix(layer: nn.Module, k: torch.Tensor, v: torch.Tensor, write: bool):
+    """The keys the running segment attends: (k, v, bank) where bank banks their gradients."""
+    store = layer.kv_store
+    running = store.running if store is not None else None
+    if running is None:
+        return k, v, None, None
+    return store.prefix(layer, k, v, write)
+
+
+@torch.library.custom_op("seq1f1b::segment_attention", mutates_args=())
+def segment_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: (batch, Lq, heads, head_dim); k, v: (batch, Lq, kv_heads, head_dim), the running
+    segment's own. Returns out (batch, Lq, heads, head_dim) and logsumexp (batch, heads, Lq)."""
+    layer = LayerHandles.layer(handle)
+    keys, values, _, documents = _prefix(layer, k, v, write=True)
+    return layer.backend.forward(q, keys, values, scale, documents)
+
+
+@segment_attention.register_fake
+def _(q, k, v, handle, scale):
+    # The kernel's logsumexp is fp32 for half inputs, else the inputs' dtype.
+    lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=lse_dtype)
+
+
+@torch.library.custom_op("seq1f1b::segment_attention_backward", mutates_args=())
+def segment_attention_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    handle: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of the running segment's q, k, v; the prefix part of dk/dv goes to the store."""
+    layer = LayerHandles.layer(handle)
+    keys, values, bank, documents = _prefix(layer, k, v, write=False)
+    dq, dk, dv = layer.backend.backward(grad, q, keys, values, out, lse, scale, documents)
+    if bank is not None:
+        dk, dv = bank(dk, dv)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@segment_attention_backward.register_fake
+def _(grad, q, k, v, out, lse, handle, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, handle, scale = inputs
+    ctx.save_for_backward(q, k, v, *output, handle)
+    ctx.scale = scale
+
+
+def _backward_formula(ctx, grad, _grad_lse):
+    q, k, v, out, lse, handle = ctx.saved_tensors
+    dq, dk, dv = segment_attention_backward(grad, q, k, v, out, lse, handle, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+segment_attention.register_autograd(_backward_formula, setup_context=_setup_context)
