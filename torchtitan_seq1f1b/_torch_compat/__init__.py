@@ -19,7 +19,8 @@ and nowhere else, and the torch versions they were tested against are pinned:
   and the CPU emulation of autograd's device threads;
 - :mod:`.process_group_store`: the default process group's store, where
   ranks wait for the planner without a collective's timeout;
-- :mod:`.devices`: the accelerator torch finds, as torchtitan asks for it.
+- :mod:`.devices`: the accelerator torch finds, as torchtitan asks for it;
+- :mod:`.compile_counts`: how many graphs torch.compile has built.
 """
 
 import os

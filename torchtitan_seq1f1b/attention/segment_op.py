@@ -41,7 +41,8 @@ class LayerHandles:
 
 
 def _prefix(layer: nn.Module, k: torch.Tensor, v: torch.Tensor, write: bool):
-    """The keys the running segment attends: (k, v, bank) where bank banks their gradients."""
+    """(keys, values, bank, documents) of the running segment (:meth:`KVStore.prefix`);
+    outside a unit its own k and v, no bank, no documents."""
     store = layer.kv_store
     running = store.running if store is not None else None
     if running is None:
