@@ -324,6 +324,27 @@ def expected_kv_peak_bytes(case: Case, order: Order, stage_index: int, num_stage
 BREAKS = ("prefix_grads", "prefix_attention", "w_order", "document_mask")
 
 
+def _attach_own_tokens(self, layer, k, v):
+    return k, v
+
+
+def _prefix_own_tokens(self, layer, k, v, write):
+    return k, v, lambda grad_k, grad_v: (grad_k, grad_v), None
+
+
+# KVStore methods under which every segment attends to its own tokens only: the
+# autograd path's and the registered op's.
+OWN_TOKENS_ONLY = {"attach": _attach_own_tokens, "prefix": _prefix_own_tokens}
+
+
+def attend_own_tokens_only() -> contextlib.ExitStack:
+    """Patch :data:`OWN_TOKENS_ONLY` into KVStore until the returned stack closes."""
+    stack = contextlib.ExitStack()
+    for name, method in OWN_TOKENS_ONLY.items():
+        stack.enter_context(mock.patch.object(kv_store.KVStore, name, method))
+    return stack
+
+
 def _first_stage_weights_first_segment_first(order: Order) -> Order:
     """Stage 0's W steps of each microbatch moved after its last I step, segment 0 first.
 
@@ -369,7 +390,7 @@ def broken(what: str, case: Case) -> Iterator[None]:
             ),
         )
     elif what == "prefix_attention":
-        patch = mock.patch.object(kv_store.KVStore, "attach", lambda self, layer, k, v: (k, v))
+        patch = attend_own_tokens_only()
     elif what == "w_order":
         cls = SCHEDULES[case.schedule]
         build = cls._build_segment_order

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from torchtitan_seq1f1b._torch_compat.compile_counts import compiled_graphs
 from torchtitan_seq1f1b.actions import Unit
-from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
+from torchtitan_seq1f1b.attention import bind_attention, bind_documents, SegmentAwareAttention
 from torchtitan_seq1f1b.attention.exact import SDPABackend
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -90,3 +90,34 @@ def test_compiled_blocks_compile_a_bounded_number_of_times(lengths, graphs):
     blocks = [_Block(SegmentAwareAttention("sdpa")) for _ in range(4)]
     _gradients(blocks, SegmentPlan.from_lengths(lengths), 3, True)
     assert compiled_graphs() - before == graphs
+
+
+@pytest.mark.parametrize("compile_blocks", [False, True], ids=["eager", "compiled"])
+def test_a_backward_sees_the_documents_its_forward_was_bound_to(compile_blocks):
+    """As under torch's 1F1B: microbatch 1's forward rebinds the documents before
+    microbatch 0's backward. Gradients equal one forward-backward per microbatch."""
+    torch._dynamo.reset()
+    before = compiled_graphs()
+    ids = [torch.tensor([[0] * 5 + [1] * 7 + [2] * 4] * BATCH), torch.tensor([[0] * 9 + [1] * 7] * BATCH)]
+    x = torch.randn(2, BATCH, 16, HEADS * HEAD_DIM, dtype=torch.float64)
+
+    def run(block, interleaved):
+        call = torch.compile(block, fullgraph=True) if compile_blocks and interleaved else block
+        outputs = []
+        for i in range(2):
+            bind_documents(block, ids[i])
+            outputs.append(call(x[i]))
+            if not interleaved:
+                (outputs[i] ** 2).sum().backward()
+        if interleaved:
+            for out in outputs:
+                (out ** 2).sum().backward()
+        return [p.grad for p in block.parameters()]
+
+    reference = _Block(SegmentAwareAttention(_EagerSDPA()))
+    block = _Block(SegmentAwareAttention("sdpa"))
+    block.load_state_dict(reference.state_dict())
+    for a, b in zip(run(block, interleaved=True), run(reference, interleaved=False)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    if compile_blocks:
+        assert compiled_graphs() - before == 1

@@ -21,7 +21,7 @@ import torch.nn as nn
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet, resolve_backend
-from torchtitan_seq1f1b.attention.segment_op import LayerHandles, segment_attention
+from torchtitan_seq1f1b.attention.segment_op import segment_attention, stamp_handle
 from torchtitan_seq1f1b.documents import check_document_ids, MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -43,20 +43,24 @@ class SegmentAwareAttention(nn.Module):
         super().__init__()
         self.backend = resolve_backend(backend) if isinstance(backend, str) else backend
         self.scale = scale
-        self.kv_store: KVStore | None = None
         # Stands for this layer inside compiled graphs (segment_op): an input, not a constant.
         self.register_buffer("handle", torch.empty(0), persistent=False)
-        LayerHandles.register(self, self.handle)
+        self.bind(None)
+
+    def bind(self, store: KVStore | None) -> None:
+        """Attend through ``store`` (None: plain causal attention), under a new handle."""
+        self.kv_store = store
+        self.handle = stamp_handle(torch.empty(0, device=self.handle.device), self, store)
 
     # .to(), to_empty(), deepcopy and unpickling give the layer a new handle tensor.
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
-        LayerHandles.register(self, self.handle)
+        stamp_handle(self.handle, self, self.kv_store)
         return module
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        LayerHandles.register(self, self.handle)
+        stamp_handle(self.handle, self, self.kv_store)
 
     def forward(
         self,
@@ -118,7 +122,7 @@ def bind_attention(module: nn.Module, store: KVStore | None) -> int:
     """
     layers = [m for m in module.modules() if isinstance(m, SegmentAwareAttention)]
     for layer in layers:
-        layer.kv_store = store
+        layer.bind(store)
     return len(layers)
 
 

@@ -5,9 +5,13 @@
 
 A compiled block sees ``seq1f1b::segment_attention`` and nothing of the K/V
 store or the running unit, so it neither breaks its graph nor guards on the
-unit: the op's implementation reaches both through the layer, which it finds
-from a zero-element buffer the layer holds (:class:`LayerHandles`). The
-buffer is a graph input like any other, so layers share one compiled graph.
+unit: the op's implementation reaches both through a zero-element buffer
+the layer holds, its handle, which names the layer and the store it is bound
+to (:func:`stamp_handle`). The handle is a graph input like any other, so
+layers share one compiled graph. Each binding gets a new handle, and the
+backward gets the handle its forward saved: under torch's own schedules,
+where the next microbatch's forward rebinds the documents before this one's
+backward, the backward still sees its own.
 
 The op returns the output and the kernel's logsumexp; its backward is a
 second op computing (dq, dk, dv) with the kernel's backward and banking the
@@ -15,39 +19,34 @@ prefix part of dk/dv in the store, as :class:`~torchtitan_seq1f1b.kv_store.KVSto
 does for eager attention.
 """
 
-import weakref
-
 import torch
 import torch.nn as nn
 
-__all__ = ["LayerHandles", "segment_attention"]
+__all__ = ["segment_attention", "stamp_handle"]
 
 
-class LayerHandles:
-    """Zero-element tensors standing for attention layers inside compiled graphs."""
-
-    _layers: "weakref.WeakValueDictionary[int, nn.Module]" = weakref.WeakValueDictionary()
-
-    @classmethod
-    def register(cls, layer: nn.Module, handle: torch.Tensor) -> None:
-        cls._layers[id(handle)] = layer
-
-    @classmethod
-    def layer(cls, handle: torch.Tensor) -> nn.Module:
-        try:
-            return cls._layers[id(handle)]
-        except KeyError:
-            raise RuntimeError("segment_attention got a handle of no live attention layer") from None
+def stamp_handle(handle: torch.Tensor, layer: nn.Module, store) -> torch.Tensor:
+    """Make ``handle`` stand for ``layer`` attending through ``store`` (a KVStore or None)."""
+    handle.seq1f1b_binding = (layer, store)
+    return handle
 
 
-def _prefix(layer: nn.Module, k: torch.Tensor, v: torch.Tensor, write: bool):
-    """(keys, values, bank, documents) of the running segment (:meth:`KVStore.prefix`);
-    outside a unit its own k and v, no bank, no documents."""
-    store = layer.kv_store
-    running = store.running if store is not None else None
+def _bound(handle: torch.Tensor):
+    """(layer, store, running unit) of a handle; the unit is None outside a unit."""
+    binding = getattr(handle, "seq1f1b_binding", None)
+    if binding is None:
+        raise RuntimeError("segment_attention got a tensor that is no attention layer's handle")
+    layer, store = binding
+    return layer, store, None if store is None else store.running
+
+
+def _prefix(handle: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: bool):
+    """(layer, keys, values, bank, documents) of the running segment
+    (:meth:`KVStore.prefix`); outside a unit its own k and v, no bank, no documents."""
+    layer, store, running = _bound(handle)
     if running is None:
-        return k, v, None, None
-    return store.prefix(layer, k, v, write)
+        return layer, k, v, None, None
+    return layer, *store.prefix(layer, k, v, write)
 
 
 @torch.library.custom_op("seq1f1b::segment_attention", mutates_args=())
@@ -56,8 +55,7 @@ def segment_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (batch, Lq, heads, head_dim); k, v: (batch, Lq, kv_heads, head_dim), the running
     segment's own. Returns out (batch, Lq, heads, head_dim) and logsumexp (batch, heads, Lq)."""
-    layer = LayerHandles.layer(handle)
-    keys, values, _, documents = _prefix(layer, k, v, write=True)
+    layer, keys, values, _, documents = _prefix(handle, k, v, write=True)
     return layer.backend.forward(q, keys, values, scale, documents)
 
 
@@ -80,8 +78,7 @@ def segment_attention_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the running segment's q, k, v; the prefix part of dk/dv goes to the store."""
-    layer = LayerHandles.layer(handle)
-    keys, values, bank, documents = _prefix(layer, k, v, write=False)
+    layer, keys, values, bank, documents = _prefix(handle, k, v, write=False)
     dq, dk, dv = layer.backend.backward(grad, q, keys, values, out, lse, scale, documents)
     if bank is not None:
         dk, dv = bank(dk, dv)

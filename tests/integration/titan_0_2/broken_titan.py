@@ -21,10 +21,13 @@ from torchtitan_seq1f1b.integration.titan_0_2 import attention
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
+from tests.harness import OWN_TOKENS_ONLY
+
 BREAK = os.environ["SEQ1F1B_BREAK"]
 
 if BREAK == "segment_attention":
-    KVStore.attach = lambda self, layer, k, v: (k, v)
+    for name, method in OWN_TOKENS_ONLY.items():
+        setattr(KVStore, name, method)
 elif BREAK == "normalizer":
     _normalizer_for = ScheduleSeq1F1B._normalizer_for
     ScheduleSeq1F1B._normalizer_for = lambda self, target: _normalizer_for(self, target) + 1
