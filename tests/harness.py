@@ -426,6 +426,25 @@ def pipelined_broken(rank: int, world_size: int, runs: list[tuple[Case, str]]) -
     return results
 
 
+def assert_matches_reference(ranks: list[dict], case: Case, rtol: float, atol: float) -> None:
+    """Every rank's :func:`pipelined` result together equals the unsplit reference:
+    each parameter's gradient (held by exactly one rank), each microbatch's loss
+    sum and the eval logits (on the last rank)."""
+    ref = reference(case)
+    grads = {}
+    for rank in ranks:
+        assert not grads.keys() & rank["grads"].keys()
+        grads.update(rank["grads"])
+    assert grads.keys() == ref["grads"].keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref["grads"][name], rtol=rtol, atol=atol, msg=name)
+    last = ranks[-1]
+    assert len(last["losses"]) == case.n_microbatches
+    for microbatch, (loss, expected) in enumerate(zip(last["losses"], ref["loss_sums"])):
+        torch.testing.assert_close(loss, expected, rtol=rtol, atol=0, msg=f"microbatch {microbatch}")
+    torch.testing.assert_close(last["logits"], ref["logits"], rtol=rtol, atol=atol)
+
+
 def worst_relative_grad_error(ranks: list[dict], ref: dict) -> float:
     """max over parameters of max|g - g_ref| / max|g_ref|."""
     return max(
@@ -438,6 +457,23 @@ def worst_relative_grad_error(ranks: list[dict], ref: dict) -> float:
 # torchtitan runs in float32 from one seed checkpoint: Seq1F1B against the
 # non-pipelined run, per-step losses and the step-1 grad_norm.
 TORCHTITAN_RTOL = 1e-4
+
+
+# A torchtitan run's environment that logs every recompile with its reason.
+RECOMPILE_LOGS = {"TORCH_LOGS": "recompiles"}
+
+
+def assert_recompiles_once_for_lengths(output: str) -> None:
+    """Over a 2-rank run on uneven segments: each rank's blocks recompile once,
+    and the last rank's loss once, to dynamic sequence lengths (guard failures
+    logged by RECOMPILE_LOGS); never per segment, microbatch or step."""
+    reasons = [
+        line.split("[__recompiles]")[1]
+        for line in output.splitlines()
+        if "[__recompiles]     - " in line
+    ]
+    assert len(reasons) == 3, reasons
+    assert all("size mismatch at index 1" in reason for reason in reasons), reasons
 
 
 def assert_same_training(run: Run, reference: Run, rtol: float = TORCHTITAN_RTOL) -> None:

@@ -10,6 +10,8 @@ import torch.nn as nn
 from torchtitan_seq1f1b._torch_compat.compile_counts import compiled_graphs
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention, bind_documents, SegmentAwareAttention
+from torchtitan_seq1f1b.attention.backend import KernelTarget
+from torchtitan_seq1f1b.attention.choice import compile_problem
 from torchtitan_seq1f1b.attention.exact import SDPABackend
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -20,7 +22,7 @@ HEADS, KV_HEADS, HEAD_DIM, BATCH = 4, 2, 8, 2
 class _EagerSDPA(SDPABackend):
     """The exact CPU path through autograd, as before it ran as an op."""
 
-    def runs_as_op(self, target):
+    def runs_as_op(self, device_type):
         return False
 
 
@@ -121,3 +123,12 @@ def test_a_backward_sees_the_documents_its_forward_was_bound_to(compile_blocks):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     if compile_blocks:
         assert compiled_graphs() - before == 1
+
+
+def test_compile_is_refused_where_the_backend_does_not_run_as_the_op(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    cpu = KernelTarget(torch.device("cpu"), torch.float32, 16)
+    cuda = KernelTarget(torch.device("cuda"), torch.bfloat16, 128)
+    assert compile_problem("auto", cpu) is None and compile_problem("sdpa", cpu) is None
+    problem = compile_problem("sdpa", cuda)
+    assert "attention_backend='sdpa' runs 'sdpa'" in problem and "registered op" in problem

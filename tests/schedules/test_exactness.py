@@ -29,6 +29,7 @@ from torchtitan_seq1f1b.examples.tiny_transformer import (
 )
 
 from tests.harness import (
+    assert_matches_reference,
     Case,
     expected_kv_peak_bytes,
     pipelined,
@@ -115,21 +116,7 @@ def test_grid_covers_every_checkpointing_mode_with_mha_and_gqa():
 )
 def test_matches_unsplit_reference(pipeline_runs, pp, case):
     ranks = pipeline_runs(pp)[case]
-    ref = reference(case)
-
-    grads = {}
-    for rank in ranks:
-        assert not grads.keys() & rank["grads"].keys()
-        grads.update(rank["grads"])
-    assert grads.keys() == ref["grads"].keys()
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, ref["grads"][name], rtol=RTOL, atol=ATOL, msg=name)
-
-    last = ranks[-1]
-    assert len(last["losses"]) == case.n_microbatches
-    for microbatch, (loss, expected) in enumerate(zip(last["losses"], ref["loss_sums"])):
-        torch.testing.assert_close(loss, expected, rtol=RTOL, atol=0, msg=f"microbatch {microbatch}")
-    torch.testing.assert_close(last["logits"], ref["logits"], rtol=RTOL, atol=ATOL)
+    assert_matches_reference(ranks, case, RTOL, ATOL)
 
     # Every activation and gradient lands in a buffer of its own segment's length.
     chunk_lens = list(case.lengths) * case.n_microbatches

@@ -10,6 +10,8 @@
 - one module per kernel: :mod:`.exact` (any device and dtype) with its
   :mod:`.cpu_kernel` and :mod:`.cuda_mem_efficient` paths, :mod:`.flash_attn`
   (FlashAttention 2), :mod:`.torch_varlen` (torch's flash kernel);
+- :mod:`.segment_op`: the registered op a backend runs as, which torch.compile
+  sees as one opaque call per layer;
 - :mod:`.saved_ops`: their forward ops, which op-level checkpointing saves.
 """
 
@@ -17,6 +19,7 @@ from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
 from torchtitan_seq1f1b.attention.choice import (
     ATTENTION_BACKENDS,
     check_backend,
+    compile_problem,
     raise_if_unmet,
     resolve_backend,
 )
@@ -43,6 +46,7 @@ __all__ = [
     "bind_attention",
     "bind_documents",
     "check_backend",
+    "compile_problem",
     "raise_if_unmet",
     "resolve_backend",
     "wrap_attention",

@@ -120,8 +120,8 @@ class AttentionBackend:
     ) -> torch.Tensor:
         raise NotImplementedError
 
-    def runs_as_op(self, target: KernelTarget) -> bool:
-        """Whether ``target`` runs this backend through the registered op
+    def runs_as_op(self, device_type: str) -> bool:
+        """Whether this backend runs through the registered op on ``device_type``
         (:mod:`~torchtitan_seq1f1b.attention.segment_op`), which calls
         :meth:`forward` and :meth:`backward` instead of autograd."""
         return False

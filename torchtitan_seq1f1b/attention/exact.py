@@ -44,8 +44,8 @@ class SDPABackend(AttentionBackend):
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         return []
 
-    def runs_as_op(self, target: KernelTarget) -> bool:
-        return target.device.type == "cpu"
+    def runs_as_op(self, device_type: str) -> bool:
+        return device_type == "cpu"
 
     def forward(self, q, k, v, scale, documents):
         out, lse = cpu_flash_forward(*_heads_first(q, k, v), scale, documents)

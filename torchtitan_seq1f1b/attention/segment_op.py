@@ -22,6 +22,9 @@ does for eager attention.
 import torch
 import torch.nn as nn
 
+from torchtitan_seq1f1b.attention.backend import KernelTarget
+from torchtitan_seq1f1b.attention.choice import raise_if_unmet
+
 __all__ = ["segment_attention", "stamp_handle"]
 
 
@@ -56,6 +59,7 @@ def segment_attention(
     """q: (batch, Lq, heads, head_dim); k, v: (batch, Lq, kv_heads, head_dim), the running
     segment's own. Returns out (batch, Lq, heads, head_dim) and logsumexp (batch, heads, Lq)."""
     layer, keys, values, _, documents = _prefix(handle, k, v, write=True)
+    raise_if_unmet(layer.backend, KernelTarget.of(q))
     return layer.backend.forward(q, keys, values, scale, documents)
 
 

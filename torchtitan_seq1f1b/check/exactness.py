@@ -64,6 +64,8 @@ class Case:
     documents: tuple[tuple[int, ...], ...] | None = None
     """Packed documents: per row, document lengths summing to seq_len (rows
     take the layouts in turn); None is causal attention."""
+    compile: bool = False
+    """Stages compile every block (``fullgraph=True``); the reference stays eager."""
 
     @property
     def plan(self) -> SegmentPlan:
@@ -76,6 +78,7 @@ class Case:
             n_kv_heads=self.n_kv_heads,
             activation_checkpoint=self.activation_checkpoint,
             attention_backend="sdpa",
+            compile=self.compile,
         )
 
     def rank_device(self, rank: int) -> torch.device:

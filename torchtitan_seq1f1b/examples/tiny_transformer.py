@@ -53,6 +53,9 @@ class TinyTransformerArgs:
     activation_checkpoint: str = "none"
     """One of ACTIVATION_CHECKPOINT_MODES."""
     attention_backend: str = "auto"
+    compile: bool = False
+    """Pipeline stages (:meth:`TinyTransformer.stage`) compile each block with
+    ``fullgraph=True``, checkpointing inside, as torchtitan does."""
 
     def __post_init__(self):
         if self.activation_checkpoint not in ACTIVATION_CHECKPOINT_MODES:
@@ -103,13 +106,17 @@ class TinyTransformer(nn.Module):
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Outside the module tree, so parameter names stay those of the unsplit model.
+        self.compiled_blocks: dict[str, nn.Module] = {}
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if positions is None:
             positions = torch.arange(x.shape[1], device=x.device)[None]
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
         for name, block in self.layers.items():
-            if self._checkpointed(int(name)):
+            if name in self.compiled_blocks:
+                h = self.compiled_blocks[name](h, positions)
+            elif self._checkpointed(int(name)):
                 h = checkpoint(
                     block, h, positions, use_reentrant=False, **self._checkpoint_kwargs()
                 )
@@ -149,7 +156,33 @@ class TinyTransformer(nn.Module):
         if stage_index < num_stages - 1:
             part.norm = None
             part.output = None
+        if self.args.compile:
+            part.compiled_blocks = {
+                name: torch.compile(
+                    _CheckpointedBlock(
+                        block,
+                        self._checkpoint_kwargs() if self._checkpointed(int(name)) else None,
+                    ),
+                    fullgraph=True,
+                )
+                for name, block in part.layers.items()
+            }
         return part
+
+
+class _CheckpointedBlock(nn.Module):
+    """A block under activation checkpointing (``checkpoint_kwargs`` None: without),
+    the module torchtitan compiles."""
+
+    def __init__(self, block: nn.Module, checkpoint_kwargs: dict | None):
+        super().__init__()
+        self.block = block
+        self.checkpoint_kwargs = checkpoint_kwargs
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_kwargs is None or not torch.is_grad_enabled():
+            return self.block(h, positions)
+        return checkpoint(self.block, h, positions, use_reentrant=False, **self.checkpoint_kwargs)
 
 
 def _keep_matmuls_and_attention(saved, ctx, op, *args, **kwargs) -> CheckpointPolicy:

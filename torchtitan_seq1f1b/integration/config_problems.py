@@ -15,20 +15,30 @@ __all__ = ["shared_problems"]
 
 
 def shared_problems(
-    parallelism: Any, compile_config: Any, num_segments: int | str, compile_fix: str
+    parallelism: Any,
+    compile_config: Any,
+    num_segments: int | str,
+    schedule: str,
+    split_backward: bool,
+    compile_fix: str,
 ) -> list[str]:
-    """What a Seq1F1B job cannot run in these fields, one message per problem."""
+    """What a Seq1F1B job cannot run in these fields, one message per problem.
+
+    ``schedule`` names the Seq1F1B schedule, ``split_backward`` says whether it
+    splits backwards into input and weight steps.
+    """
     problems = []
     if parallelism.pipeline_parallel_schedule_csv:
         problems.append(
             "parallelism.pipeline_parallel_schedule_csv is set; Seq1F1B generates its "
             "own order, so leave it empty"
         )
-    if compile_config.enable and "model" in compile_config.components:
+    if compile_config.enable and split_backward:
         problems.append(
-            "compile.enable with compile.components including 'model' is not supported "
-            "with Seq1F1B: the segment-aware attention reads per-unit state that "
-            f"torch.compile would specialise on; {compile_fix}"
+            f"compile.enable cannot run under {schedule}: torch's compiled backward "
+            "donates its buffers and then refuses the retain_graph backward that the "
+            "input-gradient step of a split backward runs (pytorch/pytorch#161904, "
+            f"pytorch/torchtitan#3584); {compile_fix}"
         )
     if num_segments != "auto" and not (isinstance(num_segments, int) and num_segments >= 1):
         problems.append(

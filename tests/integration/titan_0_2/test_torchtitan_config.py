@@ -234,7 +234,11 @@ def test_usage_error_prints_on_local_rank_0_only(monkeypatch):
         ((), {"cp": 2}, "parallelism.context_parallel_degree=2"),
         (("--model.flavor", "debugmodel_flex_attn"), {"cp": 2},
          "parallelism.context_parallel_degree=2"),
-        (("--compile.enable",), {}, "compile.enable"),
+        (("--compile.enable", "--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble"),
+         {}, "compile.enable cannot run under Seq1F1BZeroBubble"),
+        (("--compile.enable", "--compile.components", "loss",
+          "--parallelism.pipeline_parallel_schedule", "Seq1F1BZBV"),
+         {}, "compile.enable cannot run under Seq1F1BZBV"),
         (("--parallelism.pipeline_parallel_microbatch_size", "3"), {},
          "training.local_batch_size=16 must be a multiple of "
          "parallelism.pipeline_parallel_microbatch_size=3"),

@@ -97,15 +97,16 @@ def test_every_problem_is_named_at_once():
     config.parallelism.pipeline_parallel_schedule = "Interleaved1F1B"
     config.parallelism.pipeline_parallel_schedule_csv = "order.csv"
     config.compile.enable = True
+    config.seq1f1b.schedule = "Seq1F1BZBV"
     message = problems_of(config)
     assert "300 segments of at least 1 tokens do not fit in 64" in message
     assert "seq1f1b.num_segments=300" in message
     assert (
-        "seq1f1b.schedule='Seq1F1B' runs on the stage layout of '1F1B', but "
+        "seq1f1b.schedule='Seq1F1BZBV' runs on the stage layout of 'ZBVZeroBubble', but "
         "parallelism.pipeline_parallel_schedule='Interleaved1F1B'"
     ) in message
     assert "parallelism.pipeline_parallel_schedule_csv is set" in message
-    assert "compile.enable with compile.components including 'model'" in message
+    assert "compile.enable cannot run under Seq1F1BZBV" in message
 
 
 @pytest.mark.parametrize(

@@ -91,7 +91,8 @@ def pipeline_llm_seq1f1b(
         )
     entry = SCHEDULES[options.schedule]
     check_attention_backend(
-        options, training, parallel_dims, attention_head_dim(model_config), device
+        options, training, parallel_dims, attention_head_dim(model_config), device,
+        compiled=compile_config.enable and "model" in compile_config.components,
     )
     # Stage counts are checked against pipeline_parallel_schedule, a torch name.
     num_stages, num_layers, input_weight, output_weight = _get_pipeline_metadata(
