@@ -459,21 +459,38 @@ def worst_relative_grad_error(ranks: list[dict], ref: dict) -> float:
 TORCHTITAN_RTOL = 1e-4
 
 
+COMPILE_ARGS = ("--compile.enable",)
 # A torchtitan run's environment that logs every recompile with its reason.
 RECOMPILE_LOGS = {"TORCH_LOGS": "recompiles"}
 
 
-def assert_recompiles_once_for_lengths(output: str) -> None:
-    """Over a 2-rank run on uneven segments: each rank's blocks recompile once,
-    and the last rank's loss once, to dynamic sequence lengths (guard failures
-    logged by RECOMPILE_LOGS); never per segment, microbatch or step."""
+def compiled_run_matches(run, reference: Run, stages: int, *args: str) -> None:
+    """A 2-rank compiled run of ``args`` (``run``: the integration fixture) compiles
+    its ``stages`` stages' blocks, trains as ``reference`` does (see
+    :func:`assert_same_training`) and recompiles only for lengths: on uneven
+    segments each rank's blocks once and the last rank's loss once, to dynamic
+    sequence lengths, never per segment, microbatch or step."""
+    compiled = run(2, *COMPILE_ARGS, *args, name="compiled", extra_env=RECOMPILE_LOGS)
+    assert compiled.output.count("Compiling each TransformerBlock with torch.compile") == stages
+    assert_same_training(compiled, reference)
     reasons = [
         line.split("[__recompiles]")[1]
-        for line in output.splitlines()
+        for line in compiled.output.splitlines()
         if "[__recompiles]     - " in line
     ]
     assert len(reasons) == 3, reasons
     assert all("size mismatch at index 1" in reason for reason in reasons), reasons
+
+
+def compiled_parallel_matches(run, degree_args: tuple[str, ...]) -> None:
+    """Compiled PP=2 with ``degree_args`` (FSDP or TP degrees) trains as the compiled
+    run with those degrees and no pipeline."""
+    reference = run(
+        2, "--parallelism.pipeline_parallel_degree", "1", *degree_args, *COMPILE_ARGS,
+        name="compiled_reference",
+    )
+    compiled = run(4, *degree_args, *COMPILE_ARGS, name="compiled_pp")
+    assert_same_training(compiled, reference)
 
 
 def assert_same_training(run: Run, reference: Run, rtol: float = TORCHTITAN_RTOL) -> None:

@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
                           "calibrated predictions, no --auto, no time partition)")
     run.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES),
                      metavar="NAME", help=f"rows to run (default all: {', '.join(SCHEDULES)})")
+    run.add_argument("--compile", action="store_true",
+                     help="also run every row with compiled blocks, in the same run")
     run.add_argument("--steps", type=positive_int, help="timed steps per row (default 5; --quick: 2)")
     run.add_argument("--warmup-steps", type=_non_negative_int,
                      help="untimed steps per row first (default 1)")
@@ -156,7 +158,8 @@ def _config_from_args(
         parser.error("--auto and --partitions time need the calibration; drop --no-calibrate")
     if args.memory_budget_gib is not None and not args.auto:
         parser.error("--memory-budget-gib bounds the --auto pick; add --auto")
-    return config, plan_rows(args.schedules, microbatches, segments, partitions)
+    compiled = (False, True) if args.compile else (False,)
+    return config, plan_rows(args.schedules, microbatches, segments, partitions, compiled)
 
 
 def _add_planner(args: argparse.Namespace, config: BenchConfig, rows: list[BenchRow]):

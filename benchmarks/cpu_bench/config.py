@@ -80,6 +80,7 @@ class BenchRow:
     """One measured configuration: a schedule, m, and (Seq1F1B) k and partition.
 
     ``auto``: k and partition are the planner's choice for this schedule and m.
+    ``compiled``: every block compiled (``fullgraph=True``), as torchtitan compiles.
     """
 
     schedule: str
@@ -87,6 +88,7 @@ class BenchRow:
     segments: int = 1
     partition: str | None = None
     auto: bool = False
+    compiled: bool = False
 
     @property
     def spec(self) -> BenchSchedule:
@@ -103,11 +105,12 @@ class BenchRow:
         )
 
     def label(self) -> str:
+        compiled = " compiled" if self.compiled else ""
         if not self.spec.segmented:
-            return self.schedule
+            return f"{self.schedule}{compiled}"
         partition = f" {self.partition}" if self.segments > 1 else ""
         chosen = " (auto)" if self.auto else ""
-        return f"{self.schedule} k={self.segments}{partition}{chosen}"
+        return f"{self.schedule} k={self.segments}{partition}{chosen}{compiled}"
 
 
 def plan_rows(
@@ -115,18 +118,21 @@ def plan_rows(
     microbatches: Sequence[int],
     segments: Sequence[int] | None,
     partitions: Sequence[str],
+    compiled: Sequence[bool] = (False,),
 ) -> list[BenchRow]:
-    """Every row to run; Seq1F1B's k = 1 once (both partitions coincide)."""
+    """Every row to run, eager and/or compiled; Seq1F1B's k = 1 once (both
+    partitions coincide)."""
     rows = []
     for m in microbatches:
         for name in schedules:
             spec = SCHEDULES[name]
-            if not spec.segmented:
-                rows.append(BenchRow(name, m))
-                continue
-            for k in segments or spec.default_segments:
-                for partition in partitions if k > 1 else ("uniform",):
-                    rows.append(BenchRow(name, m, k, partition))
+            for compile_blocks in compiled:
+                if not spec.segmented:
+                    rows.append(BenchRow(name, m, compiled=compile_blocks))
+                    continue
+                for k in segments or spec.default_segments:
+                    for partition in partitions if k > 1 else ("uniform",):
+                        rows.append(BenchRow(name, m, k, partition, compiled=compile_blocks))
     return rows
 
 

@@ -54,7 +54,7 @@ def _add_calibrated(config: BenchConfig, rows: list[BenchRow], records: list[dic
     baselines = {
         row.microbatches: found
         for row, found in zip(rows, estimates)
-        if row.schedule == BASELINE
+        if row.schedule == BASELINE and not row.compiled
     }
     for row, record, found in zip(rows, records, estimates):
         if found is None:
@@ -83,13 +83,13 @@ def ratio_spread(ratios: list[float]) -> float | None:
 
 
 def add_comparisons(config: BenchConfig, rows: list[BenchRow], records: list[dict]) -> None:
-    """Ratios against 1F1B (same m), measured and simulated, added to each record."""
+    """Ratios against eager 1F1B (same m), measured and simulated, added to each record."""
     if config.time_model is not None:
         _add_calibrated(config, rows, records)
     baselines = {
         row.microbatches: (record, predict(config, row))
         for row, record in zip(rows, records)
-        if row.schedule == BASELINE
+        if row.schedule == BASELINE and not row.compiled
     }
     for row, record in zip(rows, records):
         predicted = predict(config, row)

@@ -50,6 +50,8 @@ class RankRun:
     peak_bytes: int
     peak_saved_bytes: int
     peak_kv_bytes: int
+    first_step_seconds: float = 0.0
+    """The first warm-up step (0 without one); with compiled blocks it compiles them."""
 
 
 def _actions(row: BenchRow, runs: list[RankRun], step: int) -> list[dict]:
@@ -87,6 +89,8 @@ def row_record(config: BenchConfig, row: BenchRow, runs: list[RankRun]) -> dict:
         "segments": row.segments,
         "partition": row.partition,
         "auto": row.auto,
+        "compiled": row.compiled,
+        "first_step_s": max(run.first_step_seconds for run in runs),
         "segment_lengths": list(row.plan(config).lengths) if row.spec.segmented else None,
         "step_time_s": statistics.median(step_times),
         "step_times_s": step_times,

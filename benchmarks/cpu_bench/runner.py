@@ -57,7 +57,7 @@ class _RankRow:
         spec = row.spec
         num_stages = pp * spec.stages_per_rank
         indices = spec.stage_indices(rank, pp)
-        self.parts = [model.stage(i, num_stages) for i in indices]
+        self.parts = [model.stage(i, num_stages, compile_blocks=row.compiled) for i in indices]
         self.stages = [
             PipelineStage(part, i, num_stages, torch.device("cpu"))
             for part, i in zip(self.parts, indices)
@@ -127,17 +127,23 @@ def _rank_worker(
     torch.manual_seed(config.seed)
     model = TinyTransformer(config.model)
     prepared = [_RankRow(rank, world_size, model, config, row) for row in rows]
-    for _ in range(config.warmup_steps):
-        for row in prepared:
-            row.synchronised_step()
+    # The first step of a compiled row includes compiling its blocks.
+    first_steps = [0.0] * len(rows)
+    for step in range(config.warmup_steps):
+        for i, row in enumerate(prepared):
+            timing = row.synchronised_step()
+            if step == 0:
+                first_steps[i] = timing.seconds
     timings: list[list[StepTiming]] = [[] for _ in rows]
     for _ in range(config.steps):
         for row, steps in zip(prepared, timings):
             steps.append(row.synchronised_step())
     runs = []
-    for row, steps in zip(prepared, timings):
+    for row, steps, first in zip(prepared, timings, first_steps):
         probe = row.measure_memory()
-        runs.append(RankRun(steps, probe.peak_bytes, probe.peak_saved_bytes, probe.peak_kv_bytes))
+        runs.append(
+            RankRun(steps, probe.peak_bytes, probe.peak_saved_bytes, probe.peak_kv_bytes, first)
+        )
     return runs
 
 

@@ -12,7 +12,7 @@ from the same weights too).
 
 import pytest
 
-from tests.harness import TEST_ARGS, torchrun
+from tests.harness import COMPILE_ARGS, TEST_ARGS, torchrun
 from torchtitan_seq1f1b.check.titan_runs import titan_release
 
 RELEASE_DIRS = {"0.2": "titan_0_2", "0.3": "titan_0_3"}
@@ -50,3 +50,11 @@ def run(seed_checkpoint, tmp_path_factory):
         )
 
     return start
+
+
+@pytest.fixture(scope="module")
+def compiled_unpipelined(run):
+    """The non-pipelined run with compiled blocks and loss (test_compile.py)."""
+    return run(
+        1, "--parallelism.pipeline_parallel_degree", "1", *COMPILE_ARGS, name="compiled_unpipelined"
+    )

@@ -139,8 +139,11 @@ class TinyTransformer(nn.Module):
         policy = functools.partial(_keep_matmuls_and_attention, saved)
         return {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)}
 
-    def stage(self, stage_index: int, num_stages: int) -> "TinyTransformer":
-        """This model's part for ``stage_index`` of ``num_stages`` (layers split evenly)."""
+    def stage(
+        self, stage_index: int, num_stages: int, compile_blocks: bool | None = None
+    ) -> "TinyTransformer":
+        """This model's part for ``stage_index`` of ``num_stages`` (layers split evenly),
+        its blocks compiled if ``compile_blocks`` (None: as ``args.compile`` says)."""
         if self.args.n_layers < num_stages:
             raise ValueError(
                 f"n_layers={self.args.n_layers} cannot fill {num_stages} stages"
@@ -156,7 +159,7 @@ class TinyTransformer(nn.Module):
         if stage_index < num_stages - 1:
             part.norm = None
             part.output = None
-        if self.args.compile:
+        if self.args.compile if compile_blocks is None else compile_blocks:
             part.compiled_blocks = {
                 name: torch.compile(
                     _CheckpointedBlock(

@@ -12,20 +12,7 @@ The split-backward schedules are refused (see test_torchtitan_config.py).
 
 import pytest
 
-from tests.harness import (
-    assert_recompiles_once_for_lengths,
-    assert_same_training,
-    RECOMPILE_LOGS,
-)
-
-COMPILE = ("--compile.enable",)
-
-
-@pytest.fixture(scope="module")
-def compiled_unpipelined(run):
-    return run(
-        1, "--parallelism.pipeline_parallel_degree", "1", *COMPILE, name="compiled_unpipelined"
-    )
+from tests.harness import compiled_parallel_matches, compiled_run_matches
 
 
 @pytest.mark.parametrize(
@@ -41,7 +28,8 @@ def compiled_unpipelined(run):
     ids=["Seq1F1B-balanced-op_sac", "InterleavedSeq1F1B-full_ac"],
 )
 def test_compiled_seq1f1b_matches_compiled_unpipelined(run, compiled_unpipelined, stages, args):
-    compiled = run(2, *COMPILE, *args, name="compiled", extra_env=RECOMPILE_LOGS)
-    assert compiled.output.count("Compiling each TransformerBlock with torch.compile") == stages
-    assert_same_training(compiled, compiled_unpipelined)
-    assert_recompiles_once_for_lengths(compiled.output)
+    compiled_run_matches(run, compiled_unpipelined, stages, *args)
+
+
+def test_compiled_fsdp_pp_matches_compiled_fsdp(run):
+    compiled_parallel_matches(run, ("--parallelism.data_parallel_shard_degree", "2"))
