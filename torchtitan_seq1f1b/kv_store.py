@@ -221,10 +221,7 @@ class KVStore:
             self.record_peak()
             return own
 
-        documents = self.running.segment_documents
-        if documents is not None and documents.dense:
-            documents = None
-        return keys, values, bank, documents
+        return keys, values, bank, self.running.kernel_documents
 
     def _placed(self, layer: nn.Module, k: torch.Tensor) -> tuple[_PrefixBuffers, int, int]:
         """The running microbatch's buffers of ``layer``, the unit's first key and first position."""
@@ -280,6 +277,12 @@ class RunningUnit:
         if self.documents is None:
             return None
         return self.documents.segment(self.unit.segment)
+
+    @property
+    def kernel_documents(self) -> SegmentDocuments | None:
+        """The documents a kernel must mask by: None when the segment is dense."""
+        documents = self.segment_documents
+        return None if documents is None or documents.dense else documents
 
     @property
     def key_start(self) -> int:

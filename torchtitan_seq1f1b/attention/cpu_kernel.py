@@ -36,10 +36,7 @@ class _LowerRightCausalAttentionCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale, documents):
-        mask = additive_mask(q.shape[2], k.shape[2], q, documents)
-        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=mask, scale=scale
-        )
+        out, logsumexp = cpu_flash_forward(q, k, v, scale, documents)
         ctx.save_for_backward(q, k, v, out, logsumexp)
         ctx.scale, ctx.documents = scale, documents
         return out
@@ -47,11 +44,8 @@ class _LowerRightCausalAttentionCPU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, logsumexp = ctx.saved_tensors
-        mask = additive_mask(q.shape[2], k.shape[2], q, ctx.documents)
-        grad_q, grad_k, grad_v = (
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, q, k, v, out, logsumexp, 0.0, False, attn_mask=mask, scale=ctx.scale
-            )
+        grad_q, grad_k, grad_v = cpu_flash_backward(
+            grad_out, q, k, v, out, logsumexp, ctx.scale, ctx.documents
         )
         return grad_q, grad_k, grad_v, None, None
 

@@ -108,9 +108,7 @@ class SegmentAwareAttention(nn.Module):
         documents = None
         if running is not None:
             k, v = store.attach(self, k, v)
-            documents = running.segment_documents
-            if documents is not None and documents.dense:
-                documents = None
+            documents = running.kernel_documents
         return self.backend(q, k, v, scale, documents)
 
     def extra_repr(self) -> str:
