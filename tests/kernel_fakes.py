@@ -23,7 +23,7 @@ from torchtitan_seq1f1b.attention import (
 )
 from torchtitan_seq1f1b.check.counters import HostTransferCounter
 from torchtitan_seq1f1b.check.kernels import reference_attention as naive_attention
-from torchtitan_seq1f1b.attention.backend import per_document
+from torchtitan_seq1f1b.attention.packing import per_document
 from torchtitan_seq1f1b.attention.torch_varlen import (
     lower_right_causal_attention_flash,
     varlen_attention,
@@ -61,6 +61,13 @@ def _naive_logsumexp(q, k, scale):
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     masked = torch.arange(k_len)[None] > torch.arange(q_len)[:, None] + (k_len - q_len)
     return scores.masked_fill(masked, float("-inf")).logsumexp(-1)
+
+
+def _padded_lse(lse: torch.Tensor) -> torch.Tensor:
+    """(B, H, Lq) -> (B, H, Lq rounded up to 32): the memory-efficient kernel's rows,
+    the padding unwritten (NaN here, so reading it shows)."""
+    rows = -(-lse.shape[2] // 32) * 32
+    return torch.nn.functional.pad(lse, (0, rows - lse.shape[2]), value=float("nan"))
 
 
 def _check_dense(q, k, v, seq_dim: int) -> None:
@@ -232,7 +239,7 @@ class FakeEfficientAttentionOps(_Recorder):
         self.record(query, key, value, seq_dim=1, scale=scale)
         scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
         out = naive_attention(query, key, value, scale)
-        lse = _naive_logsumexp(query, key, scale) if compute_log_sumexp else None
+        lse = _padded_lse(_naive_logsumexp(query, key, scale)) if compute_log_sumexp else None
         seed = offset = torch.zeros((), dtype=torch.int64)
         return out, lse, seed, offset, query.shape[1], key.shape[1]
 
@@ -253,8 +260,10 @@ class FakeEfficientAttentionOps(_Recorder):
             # torch's metadata inference runs backward on uninitialised buffers:
             # NaN in, NaN saved and recomputed alike.
             torch.testing.assert_close(recomputed.detach(), out, equal_nan=True, msg="saved output")
+            assert logsumexp.shape[2] % 32 == 0, "logsumexp rows as the forward padded them"
             torch.testing.assert_close(
-                _naive_logsumexp(query, key, scale), logsumexp, equal_nan=True
+                _naive_logsumexp(query, key, scale), logsumexp[..., : query.shape[1]],
+                equal_nan=True,
             )
             grads = torch.autograd.grad(recomputed, leaves, grad_out)
         return (*grads, None)

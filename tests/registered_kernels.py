@@ -15,6 +15,7 @@ backend whose entry points call ops registered under flash-attn's names.
 
 import collections
 import math
+import types
 
 import torch
 
@@ -42,10 +43,12 @@ def _heads(q, k, v, scale):
 
 
 def _attend(q, k, v, scale):
-    """One sequence: q (Lq, H, D), k, v (Lk, Hkv, D) -> (out (Lq, H, D), lse (H, Lq) float32)."""
+    """One sequence: q (Lq, H, D), k, v (Lk, Hkv, D) -> (out (Lq, H, D), lse (H, Lq),
+    float32 for half inputs)."""
     k, v, scale, _ = _heads(q, k, v, scale)
     scores, p = _probabilities(q, k, scale)
-    return torch.einsum("hqk,khd->qhd", p, v), scores.logsumexp(-1).float()
+    lse = scores.logsumexp(-1).to(torch.promote_types(q.dtype, torch.float32))
+    return torch.einsum("hqk,khd->qhd", p, v), lse
 
 
 def _attend_backward(grad, q, k, v, scale):
@@ -70,7 +73,18 @@ def _dense(q, k, v, scale):
     return torch.stack(outs), torch.stack(lses)
 
 
-def _dense_backward(grad, q, k, v, scale):
+def _saved_as_computed(found, expected) -> None:
+    """A backward's saved output and logsumexp are the forward's, in its layout.
+
+    torch's shape inference runs backward on uninitialised buffers: those compare NaN for NaN.
+    """
+    for name, a, b in zip(("output", "logsumexp"), found, expected):
+        assert a.shape == b.shape, f"saved {name} of shape {tuple(a.shape)}, not {tuple(b.shape)}"
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True, msg=f"saved {name}")
+
+
+def _dense_backward(grad, q, k, v, out, lse, scale):
+    _saved_as_computed((out, lse), _dense(q, k, v, scale))
     rows = [_attend_backward(grad[b], q[b], k[b], v[b], scale) for b in range(q.shape[0])]
     return tuple(torch.stack(parts) for parts in zip(*rows))
 
@@ -89,7 +103,8 @@ def _packed(q, k, v, cu_q, cu_k, scale):
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
-def _packed_backward(grad, q, k, v, cu_q, cu_k, scale):
+def _packed_backward(grad, q, k, v, out, lse, cu_q, cu_k, scale):
+    _saved_as_computed((out, lse), _packed(q, k, v, cu_q, cu_k, scale))
     grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for qs, qe, ks, ke in _sequences(cu_q, cu_k):
         dq, dk, dv = _attend_backward(grad[qs:qe], q[qs:qe], k[ks:ke], v[ks:ke], scale)
@@ -110,7 +125,9 @@ def _sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_
 def _sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                          max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
                          *, scale=None):
-    grads = _dense_backward(*(x.transpose(1, 2) for x in (grad_out, query, key, value)), scale)
+    grads = _dense_backward(
+        *(x.transpose(1, 2) for x in (grad_out, query, key, value, out)), logsumexp, scale
+    )
     return tuple(g.transpose(1, 2) for g in grads)
 
 
@@ -120,6 +137,9 @@ def _efficient(query, key, value, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     assert custom_mask_type == 2 and bias is None and cu_seqlens_q is None
     FORWARD_CALLS["_efficient_attention_forward"] += 1
     out, lse = _dense(query, key, value, scale)
+    # The CUDA kernel's rows: Lq rounded up to 32, the rest unwritten.
+    rows = -(-query.shape[1] // 32) * 32
+    lse = torch.nn.functional.pad(lse, (0, rows - query.shape[1]), value=float("nan"))
     seed = torch.zeros((), dtype=torch.int64)
     return out, lse, seed, seed, query.shape[1], key.shape[1]
 
@@ -128,7 +148,9 @@ def _efficient_backward(grad_out, query, key, value, bias, out, cu_seqlens_q, cu
                         max_seqlen_q, max_seqlen_k, logsumexp, dropout_p, philox_seed,
                         philox_offset, custom_mask_type, bias_requires_grad, *, scale=None,
                         num_splits_key=None, window_size=None, shared_storage_dqdkdv=False):
-    return (*_dense_backward(grad_out, query, key, value, scale), None)
+    assert logsumexp.shape[2] % 32 == 0, "logsumexp rows as the forward padded them"
+    lse = logsumexp[..., : query.shape[1]]
+    return (*_dense_backward(grad_out, query, key, value, out, lse, scale), None)
 
 
 def _varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
@@ -141,7 +163,7 @@ def _varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False
 
 def _varlen_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
                      is_causal, rng_state, scale=None, window_size=None, *unused):
-    return _packed_backward(grad_out, query, key, value, cu_seq_q, cu_seq_k, scale)
+    return _packed_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, scale)
 
 
 def register_cpu_kernels() -> None:
@@ -166,55 +188,118 @@ def register_cpu_kernels() -> None:
 
 
 def _define_flash_attn_ops() -> None:
-    """Ops under flash-attn's names (dense and varlen forward, one backward)."""
-    library = torch.library.Library("flash_attn", "DEF")
-    library.define("_flash_attn_forward(Tensor q, Tensor k, Tensor v, float scale) -> (Tensor, Tensor)")
+    """Ops under flash-attn's names and signatures (>= 2.8: namespace ``flashattn``):
+    dense and varlen forward and backward, the backwards writing caller-given grads."""
+    library = torch.library.Library("flashattn", "DEF")
+    fixed = "float softmax_scale, bool causal, int window_size_left, int window_size_right, float softcap, Tensor? alibi_slopes"
     library.define(
-        "_flash_attn_varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_q, Tensor cu_k, "
-        "float scale) -> (Tensor, Tensor)"
+        f"_flash_attn_forward(Tensor q, Tensor k, Tensor v, float dropout_p, {fixed}, "
+        "bool return_softmax) -> (Tensor, Tensor, Tensor, Tensor)"
     )
     library.define(
-        "_flash_attn_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? cu_q, "
-        "Tensor? cu_k, float scale) -> (Tensor, Tensor, Tensor)"
+        "_flash_attn_varlen_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float dropout_p, "
+        "float softmax_scale, bool causal, int window_size_left=-1, int window_size_right=-1, "
+        "float softcap=0.0, Tensor? alibi_slopes=None, bool return_softmax=False) "
+        "-> (Tensor, Tensor, Tensor, Tensor)"
+    )
+    grads = "Tensor(a!)? dq, Tensor(b!)? dk, Tensor(c!)? dv"
+    library.define(
+        f"_flash_attn_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+        f"Tensor softmax_lse, {grads}, float dropout_p, {fixed}, bool deterministic, "
+        "Tensor? rng_state=None) -> Tensor"
+    )
+    library.define(
+        f"_flash_attn_varlen_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+        f"Tensor softmax_lse, {grads}, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        f"int max_seqlen_q, int max_seqlen_k, float dropout_p, {fixed}, bool deterministic, "
+        "Tensor? rng_state=None) -> Tensor"
     )
 
-    def dense(q, k, v, scale):
+    def check(dropout_p, causal, window_left, window_right, softcap, alibi_slopes):
+        assert dropout_p == 0.0 and causal and (window_left, window_right) == (-1, -1)
+        assert softcap == 0.0 and alibi_slopes is None
+
+    def dense(q, k, v, dropout_p, scale, causal, left, right, softcap, alibi, return_softmax):
+        check(dropout_p, causal, left, right, softcap, alibi)
         FORWARD_CALLS["_flash_attn_forward"] += 1
-        return _dense(q, k, v, scale)
+        out, lse = _dense(q, k, v, scale)
+        return out, lse, q.new_empty(0), torch.zeros(2, dtype=torch.int64)
 
-    def varlen(q, k, v, cu_q, cu_k, scale):
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, scale, causal, left=-1, right=-1,
+               softcap=0.0, alibi=None, return_softmax=False):
+        check(dropout_p, causal, left, right, softcap, alibi)
         FORWARD_CALLS["_flash_attn_varlen_forward"] += 1
-        return _packed(q, k, v, cu_q, cu_k, scale)
+        out, lse = _packed(q, k, v, cu_q, cu_k, scale)
+        return out, lse, q.new_empty(0), torch.zeros(2, dtype=torch.int64)
 
-    def backward(grad, q, k, v, cu_q, cu_k, scale):
-        if cu_q is None:
-            return _dense_backward(grad, q, k, v, scale)
-        return _packed_backward(grad, q, k, v, cu_q, cu_k, scale)
+    def write(found, dq, dk, dv):
+        for grad, into in zip(found, (dq, dk, dv)):
+            assert into.is_contiguous(), "flash-attn writes contiguous gradients"
+            into.copy_(grad)
+        return found[0].new_zeros(1)
 
-    library.impl("_flash_attn_forward", dense, "CPU")
-    library.impl("_flash_attn_varlen_forward", varlen, "CPU")
-    library.impl("_flash_attn_backward", backward, "CPU")
+    def backward(dout, q, k, v, out, lse, dq, dk, dv, dropout_p, scale, causal, left, right,
+                 softcap, alibi, deterministic, rng_state=None):
+        check(dropout_p, causal, left, right, softcap, alibi)
+        return write(_dense_backward(dout, q, k, v, out, lse, scale), dq, dk, dv)
+
+    def varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
+                        dropout_p, scale, causal, left, right, softcap, alibi, deterministic,
+                        rng_state=None):
+        check(dropout_p, causal, left, right, softcap, alibi)
+        return write(_packed_backward(dout, q, k, v, out, lse, cu_q, cu_k, scale), dq, dk, dv)
+
+    for name, kernel in (
+        ("_flash_attn_forward", dense),
+        ("_flash_attn_varlen_forward", varlen),
+        ("_flash_attn_backward", backward),
+        ("_flash_attn_varlen_backward", varlen_backward),
+    ):
+        library.impl(name, kernel, "CPU")
     _LIBRARIES.append(library)
+
+
+def _flash_attn_interface() -> types.SimpleNamespace:
+    """``flash_attn.flash_attn_interface`` as the flash backend calls it: the ops above."""
+    ops = torch.ops.flashattn
+    return types.SimpleNamespace(
+        _wrapped_flash_attn_forward=ops._flash_attn_forward,
+        _wrapped_flash_attn_backward=ops._flash_attn_backward,
+        _wrapped_flash_attn_varlen_forward=ops._flash_attn_varlen_forward,
+        _wrapped_flash_attn_varlen_backward=ops._flash_attn_varlen_backward,
+    )
 
 
 class _FlashFunc(torch.autograd.Function):
     """flash-attn's entry points as it writes them: a Function around its forward op."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale):
         if cu_q is None:
-            out, _ = torch.ops.flash_attn._flash_attn_forward(q, k, v, scale)
+            out, lse, *_ = torch.ops.flashattn._flash_attn_forward(
+                q, k, v, 0.0, scale, True, -1, -1, 0.0, None, False
+            )
         else:
-            out, _ = torch.ops.flash_attn._flash_attn_varlen_forward(q, k, v, cu_q, cu_k, scale)
-        ctx.save_for_backward(q, k, v, cu_q, cu_k)
-        ctx.scale = scale
+            out, lse, *_ = torch.ops.flashattn._flash_attn_varlen_forward(
+                q, k, v, cu_q, cu_k, max_q, max_k, 0.0, scale, True
+            )
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.scale, ctx.max_q, ctx.max_k = scale, max_q, max_k
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, cu_q, cu_k = ctx.saved_tensors
-        grads = torch.ops.flash_attn._flash_attn_backward(grad, q, k, v, cu_q, cu_k, ctx.scale)
-        return (*grads, None, None, None)
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        grads = [torch.empty(x.shape, dtype=x.dtype) for x in (q, k, v)]
+        fixed = (0.0, ctx.scale, True, -1, -1, 0.0, None, False)
+        if cu_q is None:
+            torch.ops.flashattn._flash_attn_backward(grad, q, k, v, out, lse, *grads, *fixed)
+        else:
+            torch.ops.flashattn._flash_attn_varlen_backward(
+                grad, q, k, v, out, lse, *grads, cu_q, cu_k, ctx.max_q, ctx.max_k, *fixed
+            )
+        return (*grads, None, None, None, None, None)
 
 
 def _scale(q, softmax_scale):
@@ -222,15 +307,16 @@ def _scale(q, softmax_scale):
 
 
 def flash_attn_stand_in() -> FlashAttnBackend:
-    """The flash backend with flash-attn's entry points on the ops above."""
+    """The flash backend with flash-attn's entry points and interface on the ops above."""
+    register_cpu_kernels()
 
     def dense(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False):
         assert causal
-        return _FlashFunc.apply(q, k, v, None, None, _scale(q, softmax_scale))
+        return _FlashFunc.apply(q, k, v, None, None, None, None, _scale(q, softmax_scale))
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None,
                causal=False, deterministic=False):
         assert causal
-        return _FlashFunc.apply(q, k, v, cu_q, cu_k, _scale(q, softmax_scale))
+        return _FlashFunc.apply(q, k, v, cu_q, cu_k, max_q, max_k, _scale(q, softmax_scale))
 
-    return FlashAttnBackend(kernel=dense, varlen_kernel=varlen)
+    return FlashAttnBackend(kernel=dense, varlen_kernel=varlen, interface=_flash_attn_interface())

@@ -188,7 +188,7 @@ def test_segmented_check_fails_without_gradient_routing(monkeypatch):
 class TopLeftSDPA(SDPABackend):
     """A plausible bug: SDPA's is_causal (top-left aligned) with Lq < Lk."""
 
-    def runs_as_op(self, device_type):
+    def runs_as_op(self):
         return False  # the bug is in __call__
 
     def __call__(self, q, k, v, scale, documents=None):

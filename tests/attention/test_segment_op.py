@@ -1,10 +1,12 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Compiled blocks run the exact CPU path as a registered op: exact, bounded compiles.
+"""Compiled blocks run attention as a registered op: exact, bounded compiles.
 
 Eager blocks attend through autograd; "eager op" runs the op without compiling
 (``torch.compiler.is_compiling`` patched), so a failure can be told from the compiler's.
+The GPU kernels' forward and backward run on CPU kernels registered under
+their ops' names (tests/registered_kernels.py).
 """
 
 import pytest
@@ -13,12 +15,19 @@ import torch.nn as nn
 
 from torchtitan_seq1f1b._torch_compat.compile_counts import compiled_graphs
 from torchtitan_seq1f1b.actions import Unit
-from torchtitan_seq1f1b.attention import bind_attention, bind_documents, SegmentAwareAttention
-from torchtitan_seq1f1b.attention.backend import KernelTarget
-from torchtitan_seq1f1b.attention.choice import compile_problem
+from torchtitan_seq1f1b.attention import (
+    AttentionBackend,
+    bind_attention,
+    bind_documents,
+    SegmentAwareAttention,
+    TorchFlashBackend,
+)
 from torchtitan_seq1f1b.attention.exact import SDPABackend
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+from tests.registered_kernels import flash_attn_stand_in, FORWARD_CALLS, register_cpu_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BATCH = 4, 2, 8, 2
 
@@ -26,7 +35,7 @@ HEADS, KV_HEADS, HEAD_DIM, BATCH = 4, 2, 8, 2
 class _EagerSDPA(SDPABackend):
     """The exact CPU path through autograd, as before it ran as an op."""
 
-    def runs_as_op(self, device_type):
+    def runs_as_op(self):
         return False
 
 
@@ -45,7 +54,43 @@ class _Block(nn.Module):
         return x + self.attention.attend(q, k, v).flatten(-2)
 
 
-def _gradients(blocks, plan: SegmentPlan, microbatches: int, compile_blocks: bool):
+class _SDPAOn(SDPABackend):
+    """The exact backend forced onto one of its kernels."""
+
+    def __init__(self, kernel: str):
+        self._kernel = kernel
+
+    def kernel(self, q):
+        return self._kernel
+
+
+class _OnCPU(AttentionBackend):
+    """A GPU backend's forward and backward on CPU: its device checks skipped."""
+
+    def __init__(self, backend: AttentionBackend):
+        self.backend, self.name = backend, backend.name
+
+    def unmet_requirements(self, target):
+        return []
+
+    def runs_as_op(self):
+        return True
+
+    def forward(self, *args):
+        return self.backend.forward(*args)
+
+    def backward(self, *args):
+        return self.backend.backward(*args)
+
+
+def _document_ids(plan: SegmentPlan, microbatch: int) -> torch.Tensor:
+    """(BATCH, seq_len): rows with documents crossing segments, a 1-token one, one long."""
+    layouts = [(7, 1, 9, plan.seq_len - 17), (plan.seq_len - 3, 3)]
+    rows = [layouts[(row + microbatch) % 2] for row in range(BATCH)]
+    return torch.tensor([[d for d, n in enumerate(row) for _ in range(n)] for row in rows])
+
+
+def _gradients(blocks, plan: SegmentPlan, microbatches: int, compile_blocks: bool, documents=False):
     """Every parameter's and input's gradient after F of all units, then B last-to-first."""
     store = KVStore()
     for block in blocks:
@@ -56,17 +101,21 @@ def _gradients(blocks, plan: SegmentPlan, microbatches: int, compile_blocks: boo
         generator=torch.Generator().manual_seed(1),
     )
     outputs, inputs = {}, {}
+    docs = [
+        MicrobatchDocuments(_document_ids(plan, i), plan) if documents else None
+        for i in range(microbatches)
+    ]
     for i in range(microbatches):
         for j, (start, length) in enumerate(zip(plan.offsets, plan.lengths)):
             inputs[i, j] = x[i, :, start : start + length].clone().requires_grad_()
-            with store.running_unit(RunningUnit(Unit(i, j), plan)):
+            with store.running_unit(RunningUnit(Unit(i, j), plan, docs[i])):
                 h = inputs[i, j]
                 for call in calls:
                     h = call(h)
             outputs[i, j] = h
     for i in range(microbatches):
         for j in reversed(range(plan.num_segments)):
-            with store.running_unit(RunningUnit(Unit(i, j), plan)):
+            with store.running_unit(RunningUnit(Unit(i, j), plan, docs[i])):
                 (outputs[i, j] ** 2).sum().backward()
     return [p.grad for b in blocks for p in b.parameters()] + [t.grad for t in inputs.values()]
 
@@ -135,10 +184,41 @@ def test_a_backward_sees_the_documents_its_forward_was_bound_to(compile_blocks):
         assert compiled_graphs() - before == 1
 
 
-def test_compile_is_refused_where_the_backend_does_not_run_as_the_op(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    cpu = KernelTarget(torch.device("cpu"), torch.float32, 16)
-    cuda = KernelTarget(torch.device("cuda"), torch.bfloat16, 128)
-    assert compile_problem("auto", cpu) is None and compile_problem("sdpa", cpu) is None
-    problem = compile_problem("sdpa", cuda)
-    assert "attention_backend='sdpa' runs 'sdpa'" in problem and "registered op" in problem
+# Per kernel, the registered op its forward reaches (the math kernel is plain torch).
+KERNEL_OPS = {
+    "mem_efficient": "_efficient_attention_forward",
+    "math": None,
+    "varlen": "_scaled_dot_product_flash_attention",
+    "flash": "_flash_attn_forward",
+}
+VARLEN_OPS = {"varlen": "_varlen_attn", "flash": "_flash_attn_varlen_forward"}
+
+
+def _kernel_backend(kernel: str) -> AttentionBackend:
+    register_cpu_kernels()
+    if kernel in ("mem_efficient", "math"):
+        return _OnCPU(_SDPAOn(kernel))
+    return _OnCPU(TorchFlashBackend() if kernel == "varlen" else flash_attn_stand_in())
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["dense", "documents"])
+@pytest.mark.parametrize("kernel", list(KERNEL_OPS))
+def test_every_gpu_kernel_runs_as_the_op_exactly(kernel, documents, compile_blocks):
+    """Explicit forward and backward of each GPU kernel: dense, per document
+    (memory-efficient, math) or one packed varlen call (flash kernels)."""
+    if compile_blocks and not documents:
+        pytest.skip("compiled once per kernel, with documents")
+    plan = SegmentPlan.from_lengths((10, 8, 6))
+    reference = [_Block(SegmentAwareAttention(_EagerSDPA())) for _ in range(2)]
+    blocks = [_Block(SegmentAwareAttention(_kernel_backend(kernel))) for _ in range(2)]
+    for block, ref in zip(blocks, reference):
+        block.load_state_dict(ref.state_dict())
+    expected = _gradients(reference, plan, 2, compile_blocks=False, documents=documents)
+    op = VARLEN_OPS.get(kernel) if documents else None
+    op = op or KERNEL_OPS[kernel]
+    calls = FORWARD_CALLS[op]
+    found = _gradients(blocks, plan, 2, compile_blocks, documents=documents)
+    for a, b in zip(found, expected):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    if op is not None:  # every layer of every unit reached the kernel
+        assert FORWARD_CALLS[op] - calls >= len(blocks) * 2 * plan.num_segments

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan_seq1f1b.attention import SDPABackend
+from torchtitan_seq1f1b.attention import exact, SDPABackend
 import torchtitan_seq1f1b.check.__main__ as check_main
 from torchtitan_seq1f1b.check import distributed, perf, stack
 from torchtitan_seq1f1b.check.__main__ import main
@@ -48,11 +48,13 @@ def test_cpu_check_passes(tmp_path):
     for head_dim in (64, 128):
         # kernels that need CUDA are skipped, never passed
         for kind in ("flash", "varlen"):
-            assert rows[f"kernel {kind} bfloat16 d{head_dim}"]["status"] == "skip"
+            for path in ("kernel", "kernel-op"):
+                assert rows[f"{path} {kind} bfloat16 d{head_dim}"]["status"] == "skip"
         for dtype in ("bfloat16", "float64"):
-            row = rows[f"kernel sdpa {dtype} d{head_dim}"]
-            assert row["status"] == "pass"
-            assert 0 <= row["measured"]["error"] <= row["measured"]["bound"]
+            for path in ("kernel", "kernel-op"):
+                row = rows[f"{path} sdpa {dtype} d{head_dim}"]
+                assert row["status"] == "pass"
+                assert 0 <= row["measured"]["error"] <= row["measured"]["bound"]
         for mode in ACTIVATION_CHECKPOINT_MODES:
             for dtype in ("float32", "bfloat16"):
                 row = rows[f"stack d{head_dim} {dtype} ac={mode}"]
@@ -123,6 +125,32 @@ def test_kernel_check_fails_with_a_top_left_mask(monkeypatch, capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("kernel sdpa")]
     assert len(rows) == 4 and all(" FAIL " in row for row in rows), out
+
+
+def _kernel_op_rows(capsys) -> tuple[int, list[str]]:
+    code = main(["--device", "cpu", "--checks", "kernels"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("kernel-op sdpa")]
+    assert len(rows) == 4, rows
+    return code, rows
+
+
+def test_kernel_op_check_runs_the_math_kernel_and_fails_with_a_wrong_logsumexp(
+    monkeypatch, capsys
+):
+    """The op's path on CUDA float64 (masked math) passes on CPU; its backward reads
+    the forward's logsumexp, so a wrong one fails every op row."""
+    monkeypatch.setattr(SDPABackend, "kernel", lambda self, q: "math")
+    code, rows = _kernel_op_rows(capsys)
+    assert code == 0 and all(" PASS " in row for row in rows), rows
+    forward = exact.math_forward
+
+    def shifted_lse(*args):
+        out, lse = forward(*args)
+        return out, lse + 0.1
+
+    monkeypatch.setattr(exact, "math_forward", shifted_lse)
+    code, rows = _kernel_op_rows(capsys)
+    assert code == 1 and all(" FAIL " in row for row in rows), rows
 
 
 def test_pipelined_check_on_gloo(monkeypatch):

@@ -20,7 +20,9 @@ and nowhere else, and the torch versions they were tested against are pinned:
 - :mod:`.process_group_store`: the default process group's store, where
   ranks wait for the planner without a collective's timeout;
 - :mod:`.devices`: the accelerator torch finds, as torchtitan asks for it;
-- :mod:`.compile_counts`: how many graphs torch.compile has built.
+- :mod:`.compile_counts`: how many graphs torch.compile has built;
+- :mod:`.attention_ops`: the backward of torch's varlen attention, for the
+  registered attention op.
 """
 
 import os

@@ -8,8 +8,9 @@
 - :mod:`.backend`: the function every kernel computes and where it can run;
   :mod:`.choice`: what ``attention_backend`` selects ("auto" and forced).
 - one module per kernel: :mod:`.exact` (any device and dtype) with its
-  :mod:`.cpu_kernel` and :mod:`.cuda_mem_efficient` paths, :mod:`.flash_attn`
-  (FlashAttention 2), :mod:`.torch_varlen` (torch's flash kernel);
+  :mod:`.cpu_kernel`, :mod:`.cuda_mem_efficient` and :mod:`.math_kernel`
+  paths, :mod:`.flash_attn` (FlashAttention 2), :mod:`.torch_varlen` (torch's
+  flash kernel); :mod:`.packing` runs them on packed documents;
 - :mod:`.segment_op`: the registered op a backend runs as, which torch.compile
   sees as one opaque call per layer;
 - :mod:`.saved_ops`: their forward ops, which op-level checkpointing saves.
@@ -19,7 +20,6 @@ from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
 from torchtitan_seq1f1b.attention.choice import (
     ATTENTION_BACKENDS,
     check_backend,
-    compile_problem,
     raise_if_unmet,
     resolve_backend,
 )
@@ -46,7 +46,6 @@ __all__ = [
     "bind_attention",
     "bind_documents",
     "check_backend",
-    "compile_problem",
     "raise_if_unmet",
     "resolve_backend",
     "wrap_attention",

@@ -21,15 +21,14 @@ With packed documents (``documents``, a
 positions ``[documents.key_start, documents.end)`` and each query sees only
 the keys of its own document at or before it: per document, bottom-right
 causal attention of its queries in the segment against its keys so far.
-Varlen kernels get one call for all rows (:func:`packed_varlen`); dense
-kernels run once per document.
+Varlen kernels get one call for all rows, dense kernels run once per
+document (:mod:`~torchtitan_seq1f1b.attention.packing`).
 
 Each backend also states what it needs to run (:meth:`unmet_requirements`),
 so ``"auto"`` never picks a kernel that cannot run and a forced backend fails
 at start-up naming what is missing.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,8 +40,6 @@ __all__ = [
     "KernelTarget",
     "check_heads",
     "flash_kernel_requirements",
-    "packed_varlen",
-    "per_document",
 ]
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -120,10 +117,10 @@ class AttentionBackend:
     ) -> torch.Tensor:
         raise NotImplementedError
 
-    def runs_as_op(self, device_type: str) -> bool:
-        """Whether this backend runs through the registered op on ``device_type``
-        (:mod:`~torchtitan_seq1f1b.attention.segment_op`), which calls
-        :meth:`forward` and :meth:`backward` instead of autograd."""
+    def runs_as_op(self) -> bool:
+        """Whether compiled blocks can run this backend as the registered op
+        (:mod:`~torchtitan_seq1f1b.attention.segment_op`): whether it has
+        :meth:`forward` and :meth:`backward`, which the op calls instead of autograd."""
         return False
 
     def forward(self, q, k, v, scale: float, documents: SegmentDocuments | None):
@@ -134,93 +131,3 @@ class AttentionBackend:
     def backward(self, grad, q, k, v, out, lse, scale: float, documents):
         """(dq, dk, dv) of :meth:`forward`'s output, dk/dv for all ``Lk`` keys."""
         raise NotImplementedError
-
-
-DenseKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
-
-
-def per_document(
-    kernel: DenseKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None,
-    documents: SegmentDocuments,
-) -> torch.Tensor:
-    """A dense bottom-right kernel run on every document of every row; shapes as the module's."""
-    rows = []
-    for row in range(q.shape[0]):
-        keys = slice(documents.key_offset(row), None)
-        k_row, v_row = k[row : row + 1, keys], v[row : row + 1, keys]
-        rows.append(
-            torch.cat(
-                [
-                    kernel(q[row : row + 1, queries], k_row[:, doc_keys], v_row[:, doc_keys], scale)
-                    for queries, doc_keys in documents.documents(row)
-                ],
-                dim=1,
-            )
-        )
-    return torch.cat(rows, dim=0)
-
-
-VarlenKernel = Callable[..., torch.Tensor]
-
-
-class _RowsAsTokens(torch.autograd.Function):
-    """(batch, L, heads, head_dim) rows ``row_stride`` tokens apart -> one
-    ((batch - 1) * row_stride + L, heads, head_dim) token sequence, both ways without a copy.
-
-    ``unread``: (row, n) where the row's first n keys belong to no query (a
-    gap sequence); their gradient is set to zero, whatever the kernel wrote there.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, row_stride: int, unread: tuple) -> torch.Tensor:
-        ctx.shape, ctx.row_stride, ctx.unread = x.shape, row_stride, unread
-        tokens = (x.shape[0] - 1) * row_stride + x.shape[1]
-        return x.as_strided((tokens, *x.shape[2:]), x.stride()[1:])
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        strides = (ctx.row_stride * grad.stride(0), *grad.stride())
-        rows = grad.as_strided(ctx.shape, strides, grad.storage_offset())
-        for row, n in ctx.unread:
-            rows[row, :n].zero_()
-        return rows, None, None
-
-
-def _row_stride(x: torch.Tensor) -> int | None:
-    """Tokens between x's rows, if its rows lie on one token grid."""
-    if x.shape[0] == 1:
-        return x.shape[1]
-    if x.stride(1) > 0 and x.stride(0) % x.stride(1) == 0 and x.stride(0) >= x.stride(1) * x.shape[1]:
-        return x.stride(0) // x.stride(1)
-    return None
-
-
-def packed_varlen(
-    kernel: VarlenKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    documents: SegmentDocuments,
-) -> torch.Tensor:
-    """``kernel(q_tokens, k_tokens, v_tokens, cu_seqlens_q, cu_seqlens_k, max_q, max_k)``
-    once for all rows (:class:`~torchtitan_seq1f1b.documents.PackedVarlen`).
-
-    q_tokens: (batch * Lq, n_heads, head_dim); k_tokens, v_tokens: k and v
-    read in place as one token sequence. Returns (batch, Lq, n_heads, head_dim).
-    """
-    stride = _row_stride(k)
-    if stride is None or stride != _row_stride(v) or k.stride()[1:] != v.stride()[1:]:
-        k, v = k.contiguous(), v.contiguous()
-        stride = k.shape[1]
-    layout = documents.varlen
-    # One row has no gaps: any layout fits it.
-    if layout is None or (k.shape[0] > 1 and layout.key_row_stride != stride):
-        layout = documents.upload_varlen(q.device, stride)
-    batch, q_len = q.shape[:2]
-    out = kernel(
-        q.reshape(batch * q_len, *q.shape[2:]),
-        _RowsAsTokens.apply(k, stride, documents.unread_keys),
-        _RowsAsTokens.apply(v, stride, documents.unread_keys),
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_k,
-        layout.max_seqlen_q,
-        layout.max_seqlen_k,
-    )
-    return out.view(batch, q_len, *out.shape[1:])

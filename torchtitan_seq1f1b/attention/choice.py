@@ -14,7 +14,6 @@ from torchtitan_seq1f1b.attention.torch_varlen import TorchFlashBackend
 __all__ = [
     "ATTENTION_BACKENDS",
     "check_backend",
-    "compile_problem",
     "raise_if_unmet",
     "resolve_backend",
 ]
@@ -59,9 +58,9 @@ class _AutoBackend(AttentionBackend):
     def __call__(self, q, k, v, scale, documents=None):
         return _auto_choice(KernelTarget.of(q))(q, k, v, scale, documents)
 
-    def runs_as_op(self, device_type: str) -> bool:
-        # Off CUDA the choice is always the exact backend.
-        return device_type != "cuda" and SDPABackend().runs_as_op(device_type)
+    def runs_as_op(self) -> bool:
+        # So does every backend it chooses from.
+        return True
 
     def forward(self, q, k, v, scale, documents):
         return _auto_choice(KernelTarget.of(q)).forward(q, k, v, scale, documents)
@@ -101,20 +100,3 @@ def raise_if_unmet(backend: AttentionBackend, target: KernelTarget) -> None:
             f"{'; '.join(unmet)}. Use attention_backend='auto' (picks the fastest "
             "kernel that runs, down to the exact path) or 'sdpa' (exact, runs anywhere)"
         )
-
-
-def compile_problem(name: str, target: KernelTarget) -> str | None:
-    """Why compiled blocks cannot run ``attention_backend=name`` on ``target``, or None.
-
-    torch.compile needs the registered op (opaque to dynamo); a backend that
-    runs through autograd instead reads the K/V store in Python, which dynamo
-    cannot trace.
-    """
-    backend = check_backend(name, target)
-    if backend.runs_as_op(target.device.type):
-        return None
-    return (
-        f"attention_backend={name!r} runs {backend.name!r} on {target}, which does not "
-        "run as a registered op yet, so compiled blocks cannot call it; only the exact "
-        "CPU path does"
-    )

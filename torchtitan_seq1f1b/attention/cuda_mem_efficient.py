@@ -16,13 +16,20 @@ import torch
 
 from torchtitan_seq1f1b.attention.backend import KernelTarget
 
-__all__ = ["lower_right_causal_attention_cuda", "mem_efficient_requirements"]
+__all__ = [
+    "expand_heads",
+    "lower_right_causal_attention_cuda",
+    "mem_efficient_backward",
+    "mem_efficient_forward",
+    "mem_efficient_requirements",
+    "sum_groups",
+]
 
 # torch.nn.attention.bias.CausalVariant.LOWER_RIGHT, as the kernel numbers it.
 _CAUSAL_FROM_BOTTOM_RIGHT = 2
 
 
-def _expand_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+def expand_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, L, Hkv, D) -> (B, L, n_heads, D), each K/V head serving its query group."""
     batch, length, n_kv, head_dim = x.shape
     if n_kv == n_heads:
@@ -33,61 +40,78 @@ def _expand_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     )
 
 
-def _sum_groups(grad: torch.Tensor, n_kv: int) -> torch.Tensor:
-    """(B, L, H, D) -> (B, L, n_kv, D): the gradient of :func:`_expand_heads`."""
-    batch, length, n_heads, head_dim = grad.shape
+def sum_groups(grad: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """(B, L, H, D) -> (B, L, n_kv, D): the gradient of :func:`expand_heads`."""
+    n_heads = grad.shape[2]
     if n_kv == n_heads:
         return grad
-    return grad.view(batch, length, n_kv, n_heads // n_kv, head_dim).sum(3)
+    return grad.unflatten(2, (n_kv, n_heads // n_kv)).sum(3)
+
+
+# The kernel's logsumexp has rows for Lq rounded up to this; the rest are never read.
+_LSE_ROWS_ALIGNMENT = 32
+
+
+def mem_efficient_forward(q, k, v, scale: float | None, ops=torch.ops.aten):
+    """(out, logsumexp): out (B, Lq, H, D), logsumexp (B, H, Lq) float32."""
+    n_heads = q.shape[2]
+    out, logsumexp, *_ = ops._efficient_attention_forward(
+        q,
+        expand_heads(k, n_heads),
+        expand_heads(v, n_heads),
+        None,  # bias
+        None,  # cu_seqlens_q
+        None,  # cu_seqlens_k
+        None,  # max_seqlen_q
+        None,  # max_seqlen_k
+        0.0,  # dropout_p
+        _CAUSAL_FROM_BOTTOM_RIGHT,
+        compute_log_sumexp=True,
+        scale=scale,
+    )
+    return out, logsumexp[:, :, : q.shape[1]]
+
+
+def mem_efficient_backward(grad, q, k, v, out, logsumexp, scale: float | None, ops=torch.ops.aten):
+    """(dq, dk, dv) of :func:`mem_efficient_forward`; dk, dv per K/V head."""
+    n_heads, n_kv, q_len = q.shape[2], k.shape[2], q.shape[1]
+    rows = -(-q_len // _LSE_ROWS_ALIGNMENT) * _LSE_ROWS_ALIGNMENT
+    # Without dropout the kernel reads no random state: any seed and offset do.
+    no_dropout = torch.zeros((), dtype=torch.int64)
+    grad_q, grad_k, grad_v, _ = ops._efficient_attention_backward(
+        grad.contiguous(),
+        q,
+        expand_heads(k, n_heads),
+        expand_heads(v, n_heads),
+        None,  # bias
+        out,
+        None,  # cu_seqlens_q
+        None,  # cu_seqlens_k
+        q_len,
+        k.shape[1],
+        torch.nn.functional.pad(logsumexp, (0, rows - q_len)),
+        0.0,  # dropout_p
+        no_dropout,
+        no_dropout,
+        _CAUSAL_FROM_BOTTOM_RIGHT,
+        False,  # bias_requires_grad
+        scale=scale,
+    )
+    return grad_q, sum_groups(grad_k, n_kv), sum_groups(grad_v, n_kv)
 
 
 class _LowerRightCausalAttentionCUDA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, ops):
-        n_heads = q.shape[2]
-        out, logsumexp, seed, offset, _, _ = ops._efficient_attention_forward(
-            q,
-            _expand_heads(k, n_heads),
-            _expand_heads(v, n_heads),
-            None,  # bias
-            None,  # cu_seqlens_q
-            None,  # cu_seqlens_k
-            None,  # max_seqlen_q
-            None,  # max_seqlen_k
-            0.0,  # dropout_p
-            _CAUSAL_FROM_BOTTOM_RIGHT,
-            compute_log_sumexp=True,
-            scale=scale,
-        )
-        ctx.save_for_backward(q, k, v, out, logsumexp, seed, offset)
+        out, logsumexp = mem_efficient_forward(q, k, v, scale, ops)
+        ctx.save_for_backward(q, k, v, out, logsumexp)
         ctx.scale, ctx.ops = scale, ops
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, logsumexp, seed, offset = ctx.saved_tensors
-        n_heads = q.shape[2]
-        grad_q, grad_k, grad_v, _ = ctx.ops._efficient_attention_backward(
-            grad_out.contiguous(),
-            q,
-            _expand_heads(k, n_heads),
-            _expand_heads(v, n_heads),
-            None,  # bias
-            out,
-            None,  # cu_seqlens_q
-            None,  # cu_seqlens_k
-            q.shape[1],
-            k.shape[1],
-            logsumexp,
-            0.0,  # dropout_p
-            seed,
-            offset,
-            _CAUSAL_FROM_BOTTOM_RIGHT,
-            False,  # bias_requires_grad
-            scale=ctx.scale,
-        )
-        n_kv = k.shape[2]
-        return grad_q, _sum_groups(grad_k, n_kv), _sum_groups(grad_v, n_kv), None, None
+        grads = mem_efficient_backward(grad_out, *ctx.saved_tensors, ctx.scale, ctx.ops)
+        return *grads, None, None
 
 
 def lower_right_causal_attention_cuda(

@@ -6,12 +6,7 @@
 import torch
 import torch.nn.functional as F
 
-from torchtitan_seq1f1b.attention.backend import (
-    AttentionBackend,
-    check_heads,
-    KernelTarget,
-    per_document,
-)
+from torchtitan_seq1f1b.attention.backend import AttentionBackend, check_heads, KernelTarget
 from torchtitan_seq1f1b.attention.cpu_kernel import (
     cpu_flash_backward,
     cpu_flash_forward,
@@ -19,7 +14,15 @@ from torchtitan_seq1f1b.attention.cpu_kernel import (
 )
 from torchtitan_seq1f1b.attention.cuda_mem_efficient import (
     lower_right_causal_attention_cuda,
+    mem_efficient_backward,
+    mem_efficient_forward,
     mem_efficient_requirements,
+)
+from torchtitan_seq1f1b.attention.math_kernel import math_backward, math_forward
+from torchtitan_seq1f1b.attention.packing import (
+    per_document,
+    per_document_backward,
+    per_document_forward,
 )
 
 __all__ = ["SDPABackend"]
@@ -37,6 +40,10 @@ class SDPABackend(AttentionBackend):
     runs (not float64), once per document with packed documents, else SDPA
     with a dense bool mask. Equal lengths without documents (the first
     segment, unsplit training) take SDPA's own causal path.
+
+    As the registered op (:meth:`forward`, :meth:`backward`) it runs the same
+    CPU and memory-efficient kernels, and plain masked softmax
+    (:mod:`~torchtitan_seq1f1b.attention.math_kernel`) where SDPA's dense mask would.
     """
 
     name = "sdpa"
@@ -44,21 +51,48 @@ class SDPABackend(AttentionBackend):
     def unmet_requirements(self, target: KernelTarget) -> list[str]:
         return []
 
-    def runs_as_op(self, device_type: str) -> bool:
-        return device_type == "cpu"
+    def runs_as_op(self) -> bool:
+        return True
+
+    def kernel(self, q: torch.Tensor) -> str:
+        """Which kernel :meth:`forward` and :meth:`backward` run on ``q``: "cpu_flash",
+        "mem_efficient" (once per document with packed documents) or "math"."""
+        if q.device.type == "cpu":
+            return "cpu_flash"
+        if not mem_efficient_requirements(KernelTarget.of(q)):
+            return "mem_efficient"
+        return "math"
 
     def forward(self, q, k, v, scale, documents):
-        out, lse = cpu_flash_forward(*_heads_first(q, k, v), scale, documents)
-        return out.transpose(1, 2).contiguous(), lse.contiguous()
+        kernel = self.kernel(q)
+        if kernel == "cpu_flash":
+            out, lse = cpu_flash_forward(*_heads_first(q, k, v), scale, documents)
+            out = out.transpose(1, 2)
+        elif kernel == "math":
+            out, lse = math_forward(q, k, v, scale, documents)
+        elif documents is None:
+            out, lse = mem_efficient_forward(q, k, v, scale)
+        else:
+            out, lse = per_document_forward(mem_efficient_forward, q, k, v, scale, documents)
+        return out.contiguous(), lse.contiguous()
 
     def backward(self, grad, q, k, v, out, lse, scale, documents):
-        grads = cpu_flash_backward(*_heads_first(grad, q, k, v, out), lse, scale, documents)
-        return tuple(g.transpose(1, 2) for g in grads)
+        kernel = self.kernel(q)
+        if kernel == "cpu_flash":
+            grads = cpu_flash_backward(*_heads_first(grad, q, k, v, out), lse, scale, documents)
+            return tuple(g.transpose(1, 2) for g in grads)
+        if kernel == "math":
+            return math_backward(grad, q, k, v, out, lse, scale, documents)
+        if documents is None:
+            return mem_efficient_backward(grad, q, k, v, out, lse, scale)
+        return per_document_backward(
+            mem_efficient_backward, grad, q, k, v, out, lse, scale, documents
+        )
 
     def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)
         q_len, k_len = q.shape[1], k.shape[1]
-        if q.is_cuda and not mem_efficient_requirements(KernelTarget.of(q)):
+        if self.kernel(q) == "mem_efficient":
             if documents is not None:
                 return per_document(lower_right_causal_attention_cuda, q, k, v, scale, documents)
             return lower_right_causal_attention_cuda(q, k, v, scale)

@@ -25,10 +25,14 @@ _ATEN = (
 )
 # Registered by the packages that own them; absent ones are skipped.
 _REGISTERED = (
-    ("seq1f1b", "segment_attention"),  # exact path on CPU, as one op (compiles)
+    ("seq1f1b", "segment_attention"),  # every backend in compiled blocks, as one op
     ("torch_attn", "_varlen_attn"),  # varlen backend, packed documents
-    ("flash_attn", "_flash_attn_forward"),  # flash backend, dense
-    ("flash_attn", "_flash_attn_varlen_forward"),  # flash backend, packed documents
+    # flash backend, dense and packed documents (namespace flash_attn before 2.8)
+    *(
+        (namespace, name)
+        for namespace in ("flash_attn", "flashattn")
+        for name in ("_flash_attn_forward", "_flash_attn_varlen_forward")
+    ),
 )
 
 

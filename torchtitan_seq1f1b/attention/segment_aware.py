@@ -96,10 +96,10 @@ class SegmentAwareAttention(nn.Module):
             (batch, seq_len, n_heads, head_dim)
         """
         scale = self.scale if scale is None else scale
-        # Compiled blocks call the op, reading only the device type here so that dynamo
-        # traces nothing else. Eager attention attends to views of the K/V buffers,
-        # which autograd then saves: the op saves the segment's own k and v besides.
-        if torch.compiler.is_compiling() and self.backend.runs_as_op(q.device.type):
+        # Compiled blocks call the op, so that dynamo traces nothing of the store. Eager
+        # attention attends to views of the K/V buffers, which autograd then saves: the
+        # op saves the segment's own k and v besides.
+        if torch.compiler.is_compiling() and self.backend.runs_as_op():
             scale = q.shape[-1] ** -0.5 if scale is None else scale
             return segment_attention(q, k, v, self.handle, scale)[0]
         raise_if_unmet(self.backend, KernelTarget.of(q))

@@ -21,18 +21,29 @@ that saves q, k, v, the output and the logsumexp.
 from collections.abc import Callable
 
 import torch
-from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
+from torch.nn.attention.varlen import AuxRequest, varlen_attn as torch_varlen_attn
 
+from torchtitan_seq1f1b._torch_compat.attention_ops import varlen_attn_backward
 from torchtitan_seq1f1b.attention.backend import (
     AttentionBackend,
     check_heads,
     flash_kernel_requirements,
     KernelTarget,
-    packed_varlen,
 )
 from torchtitan_seq1f1b.attention.newer_flash import activate_newer_flash
+from torchtitan_seq1f1b.attention.packing import (
+    packed_varlen,
+    packed_varlen_backward,
+    packed_varlen_forward,
+)
 
-__all__ = ["TorchFlashBackend", "lower_right_causal_attention_flash", "varlen_attention"]
+__all__ = [
+    "TorchFlashBackend",
+    "flash_backward",
+    "flash_forward",
+    "lower_right_causal_attention_flash",
+    "varlen_attention",
+]
 
 
 def lower_right_causal_attention_flash(
@@ -53,15 +64,53 @@ def lower_right_causal_attention_flash(
     return out.transpose(1, 2)
 
 
+def flash_forward(q, k, v, scale: float, ops=torch.ops.aten):
+    """The dense kernel below autograd: out (batch, q_len, heads, head_dim), logsumexp
+    (batch, heads, q_len) float32."""
+    out, logsumexp, *_ = ops._scaled_dot_product_flash_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, True, False, scale=scale
+    )
+    return out.transpose(1, 2), logsumexp
+
+
+def flash_backward(grad, q, k, v, out, logsumexp, scale: float, ops=torch.ops.aten):
+    """(dq, dk, dv) of :func:`flash_forward`, in its layouts."""
+    # Without dropout the kernel reads no random state; dense calls have no cu_seq.
+    no_dropout = torch.zeros((), dtype=torch.int64)
+    grads = ops._scaled_dot_product_flash_attention_backward(
+        *(x.transpose(1, 2) for x in (grad, q, k, v, out)), logsumexp, None, None,
+        q.shape[1], k.shape[1], 0.0, True, no_dropout, no_dropout, scale=scale,
+    )
+    return tuple(g.transpose(1, 2) for g in grads)
+
+
+def _varlen_options(q: torch.Tensor, k: torch.Tensor, scale: float | None) -> dict:
+    return dict(scale=scale, window_size=(-1, 0), enable_gqa=q.shape[1] != k.shape[1])
+
+
 def varlen_attention(
     q, k, v, cu_q, cu_k, max_q, max_k, scale, varlen_attn: Callable = torch_varlen_attn
 ) -> torch.Tensor:
     """One row's documents through ``varlen_attn``: q (Lq, heads, head_dim), k, v
     (keys, kv_heads, head_dim). ``varlen_attn`` lets tests stand in for it on CPU."""
-    return varlen_attn(
-        q, k, v, cu_q, cu_k, max_q, max_k,
-        scale=scale, window_size=(-1, 0), enable_gqa=q.shape[1] != k.shape[1],
-    )
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **_varlen_options(q, k, scale))
+
+
+def _varlen_forward(scale: float):
+    def forward(q, k, v, cu_q, cu_k, max_q, max_k):
+        return torch_varlen_attn(
+            q, k, v, cu_q, cu_k, max_q, max_k, return_aux=AuxRequest(lse=True),
+            **_varlen_options(q, k, scale),
+        )
+
+    return forward
+
+
+def _varlen_backward(scale: float):
+    def backward(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k):
+        return varlen_attn_backward(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale)
+
+    return backward
 
 
 class TorchFlashBackend(AttentionBackend):
@@ -93,11 +142,30 @@ class TorchFlashBackend(AttentionBackend):
             unmet.append("head_dim <= 192 on sm86-89 and sm120/121 (torch's flash backward)")
         return unmet
 
-    def __call__(self, q, k, v, scale, documents=None):
-        check_heads(q, k)
+    def _activate(self, q: torch.Tensor) -> None:
         if q.is_cuda and q.device not in self._activated:
             activate_newer_flash(KernelTarget.of(q))
             self._activated.add(q.device)
+
+    def runs_as_op(self) -> bool:
+        return True
+
+    def forward(self, q, k, v, scale, documents):
+        self._activate(q)
+        if documents is None:
+            out, lse = flash_forward(q, k, v, scale)
+        else:
+            out, lse = packed_varlen_forward(_varlen_forward(scale), q, k, v, documents)
+        return out.contiguous(), lse.contiguous()
+
+    def backward(self, grad, q, k, v, out, lse, scale, documents):
+        if documents is None:
+            return flash_backward(grad, q, k, v, out, lse, scale)
+        return packed_varlen_backward(_varlen_backward(scale), grad, q, k, v, out, lse, documents)
+
+    def __call__(self, q, k, v, scale, documents=None):
+        check_heads(q, k)
+        self._activate(q)
         if documents is None:
             return self.kernel(q, k, v, scale)
 

@@ -28,7 +28,7 @@ CHECKS = {
         kernel_results,
         "every attention backend that runs here (flash-attn, torch's flash kernel, the exact path) on a segment "
         "with a prefix, bf16, GQA, head dims 64 and 128, forward and backward, against "
-        "exact float64 attention",
+        "exact float64 attention; through autograd and as the op compiled blocks call",
     ),
     "stack": (
         stack_results,
@@ -39,7 +39,7 @@ CHECKS = {
     "pipelined": (
         pipelined_results,
         "the four schedules x checkpointing modes on 2 GPUs over NCCL, float64, "
-        "against unsplit training",
+        "against unsplit training; Seq1F1B and InterleavedSeq1F1B also with compiled blocks",
     ),
     "torchtitan": (
         torchtitan_results,

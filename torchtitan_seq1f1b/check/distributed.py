@@ -30,8 +30,8 @@ __all__ = ["pipelined_results", "torchtitan_results"]
 
 WORLD_SIZE = 2
 STAGES_PER_RANK = {"Seq1F1B": 1, "InterleavedSeq1F1B": 2, "Seq1F1BZeroBubble": 1, "Seq1F1BZBV": 2}
-# Selective op checkpointing allows one backward per region; the split
-# input/weight backward of these schedules runs two, so they reject it.
+# torch.compile cannot run the split backward (pytorch#161904); the adapters refuse it.
+COMPILED_SCHEDULES = ("Seq1F1B", "InterleavedSeq1F1B")
 FLOAT64_BOUND = 1e-10  # the schedules reorder float64 sums; nothing else differs
 TORCHTITAN_BOUND = 1e-4  # float32 losses and step-1 grad_norm, as in the tests
 
@@ -43,21 +43,36 @@ def _missing_gpus(device: torch.device) -> str:
 
 
 def _cases(device: torch.device) -> list[Case]:
-    return [
-        Case(
+    """Every schedule x checkpointing mode; on CUDA also compiled blocks under the
+    schedules compile supports (:data:`COMPILED_SCHEDULES`)."""
+
+    def case(schedule: str, mode: str, compile: bool = False) -> Case:
+        return Case(
             n_microbatches=3,
             lengths=(5, 3, 4),
             n_kv_heads=2,
             activation_checkpoint=mode,
             schedule=schedule,
-            stages_per_rank=stages_per_rank,
+            stages_per_rank=STAGES_PER_RANK[schedule],
             device=device.type,
             # CUDA runs backward on its device thread itself.
             device_thread=device.type == "cpu",
+            compile=compile,
         )
-        for schedule, stages_per_rank in STAGES_PER_RANK.items()
+
+    eager = [
+        case(schedule, mode)
+        for schedule in STAGES_PER_RANK
         for mode in ACTIVATION_CHECKPOINT_MODES
+        # Op-level checkpointing allows one backward per region; a split backward runs two.
         if not (mode == "selective_op" and schedule in SPLIT_BACKWARD_SCHEDULES)
+    ]
+    if device.type != "cuda":  # on CPU the test suite runs the compiled grid
+        return eager
+    return eager + [
+        case(schedule, mode, compile=True)
+        for schedule in COMPILED_SCHEDULES
+        for mode in ("full", "selective_op")
     ]
 
 
@@ -81,7 +96,8 @@ def pipelined_results(device: torch.device) -> list[Result]:
     cases = _cases(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     names = [
-        f"pipelined {c.schedule} ac={c.activation_checkpoint} ({WORLD_SIZE} ranks, {backend})"
+        f"pipelined {c.schedule}{' compiled' if c.compile else ''} "
+        f"ac={c.activation_checkpoint} ({WORLD_SIZE} ranks, {backend})"
         for c in cases
     ]
     if missing := _missing_gpus(device):

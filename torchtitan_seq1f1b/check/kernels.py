@@ -7,7 +7,10 @@ Each backend gets the same inputs, rounded to its dtype; the reference is
 plain masked-softmax attention in float64 on those rounded values, so every
 difference is the kernel's own (its masking, GQA, prefix handling, rounding).
 The segment after a prefix also runs with packed documents (the varlen
-entry points of the flash kernels), rows with different layouts.
+entry points of the flash kernels), rows with different layouts. Each
+backend runs twice: through its autograd entry points (eager blocks) and
+through the explicit forward and backward the registered op calls
+(compiled blocks, rows ``kernel-op``).
 """
 
 import math
@@ -92,7 +95,24 @@ def _segment_documents(batch: int, q_len: int, k_len: int, device) -> SegmentDoc
     return MicrobatchDocuments(ids, SegmentPlan.from_lengths((k_len - q_len, q_len))).segment(1)
 
 
-def _worst_error(backend, head_dim, dtype, device) -> tuple[float, str]:
+class _AsTheOp(torch.autograd.Function):
+    """A backend's explicit forward and backward, as the registered op calls them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, backend, documents):
+        scale = q.shape[-1] ** -0.5
+        out, lse = backend.forward(q, k, v, scale, documents)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.backend, ctx.scale, ctx.documents = backend, scale, documents
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grads = ctx.backend.backward(grad.contiguous(), *ctx.saved_tensors, ctx.scale, ctx.documents)
+        return *grads, None, None
+
+
+def _worst_error(backend, head_dim, dtype, device, as_op: bool) -> tuple[float, str]:
     worst, where = 0.0, ""
     cases = [(*shape, False) for shape in SHAPES] + [(*SHAPES[0], True)]
     for batch in BATCHES:
@@ -103,9 +123,14 @@ def _worst_error(backend, head_dim, dtype, device) -> tuple[float, str]:
                 documents = _segment_documents(batch, q_len, k_len, device)
                 k, v = k[:, documents.key_start :], v[:, documents.key_start :]
                 visible = documents.key_mask()
-            actual = _output_and_grads(
-                lambda *x: backend(*x, None, documents), q, k, v, grad_out
-            )
+            if as_op:
+                actual = _output_and_grads(
+                    lambda *x: _AsTheOp.apply(*x, backend, documents), q, k, v, grad_out
+                )
+            else:
+                actual = _output_and_grads(
+                    lambda *x: backend(*x, None, documents), q, k, v, grad_out
+                )
             expected = _output_and_grads(
                 lambda *x: reference_attention(*x, visible=visible),
                 *(x.double() for x in (q, k, v, grad_out)),
@@ -118,16 +143,19 @@ def _worst_error(backend, head_dim, dtype, device) -> tuple[float, str]:
     return worst, where
 
 
-def check_kernel(name: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> Result:
-    """One backend in one dtype and head dim, over batch 1 and 2, with and without prefix."""
-    row = f"kernel {name} {str(dtype).removeprefix('torch.')} d{head_dim}"
+def check_kernel(
+    name: str, head_dim: int, dtype: torch.dtype, device: torch.device, as_op: bool = False
+) -> Result:
+    """One backend in one dtype and head dim, over batch 1 and 2, with and without prefix;
+    through its entry points, or ``as_op`` through the op's forward and backward."""
+    row = f"kernel{'-op' if as_op else ''} {name} {str(dtype).removeprefix('torch.')} d{head_dim}"
     backend = resolve_backend(name)
     probe = torch.empty(1, 1, N_HEADS, head_dim, dtype=dtype, device=device)
     if not backend.supports(probe):
         unmet = backend.unmet_requirements(KernelTarget.of(probe))
         return Result(row, "skip", reason="needs " + "; ".join(unmet))
     try:
-        error, where = _worst_error(backend, head_dim, dtype, device)
+        error, where = _worst_error(backend, head_dim, dtype, device, as_op)
     except Exception as crash:  # noqa: BLE001 - reported as a failed row
         return Result(row, "fail", reason=f"{type(crash).__name__}: {crash}")
     return Result.bounded(row, error, BOUNDS[dtype], worst=where)
@@ -135,7 +163,8 @@ def check_kernel(name: str, head_dim: int, dtype: torch.dtype, device: torch.dev
 
 def kernel_results(device: torch.device) -> list[Result]:
     return [
-        check_kernel(name, head_dim, dtype, device)
+        check_kernel(name, head_dim, dtype, device, as_op)
+        for as_op in (False, True)
         for name, dtypes in DTYPES.items()
         for dtype in dtypes
         for head_dim in HEAD_DIMS

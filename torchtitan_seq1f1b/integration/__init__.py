@@ -31,7 +31,6 @@ TOOLKIT = {
     "KernelTarget": "torchtitan_seq1f1b.attention",
     "attention_forward_ops": "torchtitan_seq1f1b.attention",
     "check_backend": "torchtitan_seq1f1b.attention",
-    "compile_problem": "torchtitan_seq1f1b.attention",
     "TOKENIZER_DIR": "torchtitan_seq1f1b.data",
     "register_datasets": "torchtitan_seq1f1b.data",
     "shared_problems": "torchtitan_seq1f1b.integration.config_problems",

@@ -31,7 +31,7 @@ from torchtitan.distributed.pipeline_parallel import (
 from torchtitan.protocols.train_spec import BaseModelArgs, ParallelizeFunction
 from torchtitan.tools.logging import logger
 
-from torchtitan_seq1f1b.attention import check_backend, compile_problem, KernelTarget
+from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.integration.titan_0_2.attention import (
     attention_problem,
     make_segment_aware,
@@ -194,14 +194,6 @@ def check_job(
         check_backend(options.attention_backend, target)
     except ValueError as error:
         problems.append(f"seq1f1b.{error}")
-    else:
-        compiled = job_config.compile.enable and "model" in job_config.compile.components
-        problem = compile_problem(options.attention_backend, target) if compiled else None
-        if problem:
-            problems.append(
-                f"compile.enable with seq1f1b.{problem}; set compile.enable=false or "
-                "compile.components=['loss']"
-            )
     ac = job_config.activation_checkpoint
     split_backward = parallelism.pipeline_parallel_schedule in SPLIT_BACKWARD_SCHEDULES
     if split_backward and ac.mode == "selective" and ac.selective_ac_option == "op":

@@ -21,7 +21,7 @@ from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.tools import utils
 from torchtitan.trainer import Trainer
 
-from torchtitan_seq1f1b.attention import check_backend, compile_problem, KernelTarget
+from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
 from torchtitan_seq1f1b.integration.segment_plan import planner_problems, Seq1F1BConfigError, uses_planner
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
@@ -183,19 +183,11 @@ def check_attention_backend(
     parallel_dims: ParallelDims,
     head_dim: int,
     device: torch.device,
-    compiled: bool = False,
 ) -> None:
-    """Raise :class:`Seq1F1BConfigError` if ``seq1f1b.attention_backend`` cannot run
-    here, in blocks torch.compile compiles if ``compiled``."""
+    """Raise :class:`Seq1F1BConfigError` if ``seq1f1b.attention_backend`` cannot run here."""
     dtype = compute_dtype(training, parallel_dims)
     target = KernelTarget(torch.device(device), dtype, head_dim)
     try:
         check_backend(options.attention_backend, target)
     except ValueError as error:
         raise Seq1F1BConfigError(f"Seq1F1B cannot run this job: seq1f1b.{error}") from None
-    problem = compile_problem(options.attention_backend, target) if compiled else None
-    if problem:
-        raise Seq1F1BConfigError(
-            f"Seq1F1B cannot run this job: --compile.enable with seq1f1b.{problem}; "
-            "drop --compile.enable or remove 'model' from --compile.components"
-        )

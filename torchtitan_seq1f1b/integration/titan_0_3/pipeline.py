@@ -91,8 +91,7 @@ def pipeline_llm_seq1f1b(
         )
     entry = SCHEDULES[options.schedule]
     check_attention_backend(
-        options, training, parallel_dims, attention_head_dim(model_config), device,
-        compiled=compile_config.enable and "model" in compile_config.components,
+        options, training, parallel_dims, attention_head_dim(model_config), device
     )
     # Stage counts are checked against pipeline_parallel_schedule, a torch name.
     num_stages, num_layers, input_weight, output_weight = _get_pipeline_metadata(
