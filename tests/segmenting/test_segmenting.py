@@ -52,6 +52,23 @@ def test_forward_flops_matches_a_direct_count():
     assert cost.forward_flops(s, end) == 2 * per_layer + 2 * s * 8 * 10
 
 
+def test_forward_flops_with_own_head_dims_and_experts_match_a_direct_count():
+    """Qwen3/MLA-style head dims (q/k 6, v 5 with dim 8, 4 heads) and an MoE MLP
+    (8 experts of width 16, 2 per token, a shared expert of width 4)."""
+    cost = TransformerCost(
+        n_layers=2, dim=8, n_heads=4, n_kv_heads=2, ffn_hidden_dim=16, vocab_size=10,
+        qk_head_dim=6, v_head_dim=5, experts=8, experts_per_token=2, shared_ffn_hidden_dim=4,
+    )
+    s, end = 3, 7
+    keys = sum(t + 1 for t in range(end - s, end))
+    projections = 2 * s * 8 * (4 * 6 + 2 * 6 + 2 * 5 + 4 * 5)  # q, k, v, o
+    attention = 2 * 4 * (6 + 5) * keys  # QK^T over d, AV over d_v
+    mlp = 3 * 2 * s * 8 * (2 * 16 + 4) + 2 * s * 8 * 8  # active experts + router
+    assert cost.forward_flops(s, end) == 2 * (projections + attention + mlp) + 2 * s * 8 * 10
+    plan = SegmentPlan.from_lengths([5, 9, 2])
+    assert sum(plan.segment_flops(cost)) == cost.forward_flops(16, 16)
+
+
 @pytest.mark.parametrize("cost", [PAPER_7B, LLAMA3_8B])
 @pytest.mark.parametrize(
     "length,end", [(1, 1), (1, 32768), (6215, 32768), (32768, 32768), (777, 1000)]

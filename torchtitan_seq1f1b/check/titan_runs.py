@@ -10,8 +10,11 @@ registry (``--module torchtitan_seq1f1b --config seq1f1b_debug``).
 """
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +130,8 @@ def torchrun(
     ``device_thread``: every backward on a fresh thread
     (:mod:`torchtitan_seq1f1b.check.device_thread`), as CUDA's autograd runs it.
     ``launchers``: modules run outermost first, each running the next
-    (``python -m LAUNCHER MODULE ARGS...``).
+    (``python -m LAUNCHER MODULE ARGS...``). A job a rank aborts only after
+    its process groups are destroyed runs once more (:func:`_aborted_in_teardown`).
     """
     train = [
         *launchers,
@@ -144,15 +148,49 @@ def torchrun(
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", LOG_RANK=",".join(map(str, range(nproc))))
     env.update(extra_env or {})
-    result = subprocess.run(
-        command,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
+
+    def launch() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+
+    restore = _restorer(Path(dump_folder))
+    result = launch()
+    if result.returncode != 0 and _aborted_in_teardown(result.stdout):
+        restore()
+        result = launch()
     if result.returncode != 0:
         raise RunFailed(result.returncode, result.stdout)
     return Run(Path(dump_folder), result.stdout)
+
+
+def _restorer(folder: Path) -> Callable[[], None]:
+    """A function that puts ``folder`` (a job's dump folder) back as it is now."""
+    saved = None
+    if folder.is_dir() and any(folder.iterdir()):
+        saved = Path(tempfile.mkdtemp()) / folder.name
+        shutil.copytree(folder, saved)
+
+    def restore() -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        if saved is None:
+            folder.mkdir(parents=True)
+        else:
+            shutil.copytree(saved, folder)
+
+    return restore
+
+
+def _aborted_in_teardown(output: str) -> bool:
+    """A rank aborted after the job destroyed its process groups: gloo on CPU now and
+    then terminates a joinable thread at exit. The job itself ran; it is run again."""
+    return (
+        "terminate called without an active exception" in output
+        and "Process group destroyed" in output
+    )

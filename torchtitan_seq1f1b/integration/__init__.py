@@ -31,6 +31,8 @@ TOOLKIT = {
     "KernelTarget": "torchtitan_seq1f1b.attention",
     "attention_forward_ops": "torchtitan_seq1f1b.attention",
     "check_backend": "torchtitan_seq1f1b.attention",
+    "DATASET_NAMES": "torchtitan_seq1f1b.data",
+    "RecallSpec": "torchtitan_seq1f1b.data",
     "TOKENIZER_DIR": "torchtitan_seq1f1b.data",
     "register_datasets": "torchtitan_seq1f1b.data",
     "shared_problems": "torchtitan_seq1f1b.integration.config_problems",

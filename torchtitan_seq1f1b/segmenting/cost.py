@@ -46,9 +46,9 @@ class TransformerCost:
     Args:
         n_layers: number of transformer blocks ``L``.
         dim: model width ``H``.
-        n_heads: query heads ``h``; the head dim is ``d = H // h``.
+        n_heads: query heads ``h``; the head dim is ``d = H // h`` unless given.
         n_kv_heads: key/value heads ``g`` (``g == h`` is MHA, ``g < h`` is GQA).
-        ffn_hidden_dim: MLP hidden width ``F``.
+        ffn_hidden_dim: MLP hidden width ``F`` (of one expert in an MoE layer).
         vocab_size: output vocabulary ``V`` of the LM head.
         gated_mlp: SwiGLU-style MLP with three ``H x F`` matrices instead of two.
         bias: linear layers carry biases (Megatron GPT) or not (Llama).
@@ -58,6 +58,14 @@ class TransformerCost:
         vocab_multiple: Megatron pads the vocabulary to a multiple of
             ``vocab_multiple * tp`` (its ``--make-vocab-size-divisible-by``);
             1 means no padding (torchtitan).
+        qk_head_dim: width ``d`` of a query or key head, when not ``H // h``
+            (Qwen3; MLA's nope and rope parts together).
+        v_head_dim: width ``d_v`` of a value head (and of the attention
+            output per head), when not ``d`` (MLA).
+        experts: routed experts ``E`` of an MoE MLP; 0 is a dense MLP.
+        experts_per_token: experts each token is routed to (top-k).
+        shared_ffn_hidden_dim: hidden width of the shared experts every token
+            also runs (0: none).
     """
 
     n_layers: int
@@ -71,6 +79,11 @@ class TransformerCost:
     layernorm: bool = False
     tied_embeddings: bool = False
     vocab_multiple: int = 1
+    qk_head_dim: int | None = None
+    v_head_dim: int | None = None
+    experts: int = 0
+    experts_per_token: int = 1
+    shared_ffn_hidden_dim: int = 0
 
     def __post_init__(self) -> None:
         positive = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size")
@@ -78,7 +91,21 @@ class TransformerCost:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")
-        for whole, part in (("dim", "n_heads"), ("n_heads", "n_kv_heads")):
+        for name in ("qk_head_dim", "v_head_dim"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 1):
+                raise ValueError(f"{name}={value!r} must be None or a positive int")
+        for name in ("experts", "shared_ffn_hidden_dim"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 0")
+        if not is_int(self.experts_per_token) or not 1 <= self.experts_per_token <= max(self.experts, 1):
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token!r} must be in [1, max(experts, 1)]"
+            )
+        divisible = [("n_heads", "n_kv_heads")]
+        if self.qk_head_dim is None:
+            divisible.append(("dim", "n_heads"))
+        for whole, part in divisible:
             if getattr(self, whole) % getattr(self, part):
                 raise ValueError(
                     f"{whole}={getattr(self, whole)} is not divisible by "
@@ -87,12 +114,29 @@ class TransformerCost:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        """Width ``d`` of a query or key head."""
+        return self.qk_head_dim if self.qk_head_dim is not None else self.dim // self.n_heads
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width ``d_v`` of a value head."""
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim
 
     @property
     def kv_dim(self) -> int:
-        """Width of one of K or V: ``n_kv_heads * head_dim``."""
+        """Width of K: ``n_kv_heads * head_dim``."""
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of V: ``n_kv_heads * value_head_dim``."""
+        return self.n_kv_heads * self.value_head_dim
+
+    @property
+    def active_ffn_hidden_dim(self) -> int:
+        """MLP hidden width one token runs: its routed experts' and the shared ones'."""
+        routed = self.experts_per_token if self.experts else 1
+        return routed * self.ffn_hidden_dim + self.shared_ffn_hidden_dim
 
     def forward_flops(self, length: int, end: int) -> int:
         """Exact forward FLOPs (2 per multiply-add) of tokens ``[end - length, end)``.
@@ -100,11 +144,15 @@ class TransformerCost:
         Each query at absolute position ``t`` attends the ``t + 1`` keys of its
         whole causal prefix, so with ``s = length`` and ``P = end``::
 
-            per layer:  4 s H^2                          # Q and O projections
-                      + 4 s H g d                        # K and V projections
-                      + 4 h d (s P - s (s - 1) / 2)      # QK^T and AV
-                      + (3 if gated else 2) * 2 s H F    # MLP
+            per layer:  2 s H h (d + d_v)                # Q and O projections
+                      + 2 s H g (d + d_v)                # K and V projections
+                      + 2 h (d + d_v) (s P - s (s - 1) / 2)  # QK^T and AV
+                      + (3 if gated else 2) * 2 s H F_a  # MLP (F_a: active width)
+                      + 2 s H E                          # MoE router
             total:      L * per_layer + 2 s H V          # + LM head
+
+        For a dense model with ``d = d_v = H / h`` the projections are
+        ``4 s H^2 + 4 s H g d`` and attention ``4 h d`` per (query, key) pair.
 
         Summing this over any split of ``[0, P)`` gives ``forward_flops(P, P)``.
         """
@@ -129,10 +177,11 @@ class TransformerCost:
 
     def flop_rates(self) -> tuple[int, int]:
         """FLOPs per token (projections, MLP, LM head) and per attended (query, key) pair."""
+        head_widths = self.head_dim + self.value_head_dim
         per_layer_token = (
-            4 * self.dim * self.dim
-            + 4 * self.dim * self.n_kv_heads * self.head_dim
-            + (3 if self.gated_mlp else 2) * 2 * self.dim * self.ffn_hidden_dim
+            2 * self.dim * (self.n_heads + self.n_kv_heads) * head_widths
+            + (3 if self.gated_mlp else 2) * 2 * self.dim * self.active_ffn_hidden_dim
+            + 2 * self.dim * self.experts
         )
         per_token = self.n_layers * per_layer_token + 2 * self.dim * self.vocab_size
-        return per_token, self.n_layers * 4 * self.n_heads * self.head_dim
+        return per_token, self.n_layers * 2 * self.n_heads * head_widths

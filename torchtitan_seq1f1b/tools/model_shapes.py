@@ -40,11 +40,14 @@ def layer_params(model: TransformerCost, tp: int) -> int:
     the row-parallel output biases are replicated on every TP rank.
     """
     h, f, kv = model.dim, model.ffn_hidden_dim, model.kv_dim
+    q, o = model.n_heads * model.head_dim, model.n_heads * model.value_head_dim
     mlp_mats = 3 if model.gated_mlp else 2
-    split = 2 * h * h + 2 * h * kv + mlp_mats * h * f
+    experts = max(model.experts, 1)
+    mlp = mlp_mats * h * (experts * f + model.shared_ffn_hidden_dim) + h * model.experts
+    split = h * (q + o + kv + model.v_dim) + mlp
     replicated = (4 if model.layernorm else 2) * h
     if model.bias:
-        split += h + 2 * kv + f  # QKV and MLP-in biases (column parallel)
+        split += q + kv + model.v_dim + f  # QKV and MLP-in biases (column parallel)
         replicated += 2 * h  # attention-out and MLP-out biases (row parallel)
     return -(-split // tp) + replicated
 

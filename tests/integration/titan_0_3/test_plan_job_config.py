@@ -89,7 +89,7 @@ def test_the_printed_flags_run_the_plan_the_command_made(capsys):
     [
         (["--job-config", str(REPO / "train_configs" / "debug_seq1f1b.toml")],
          "TOML job configs are torchtitan 0.2.2's, and torchtitan 0.3 is installed"),
-        (["--job-config", "nope"], "Config function 'nope' not found in torchtitan_seq1f1b"),
+        (["--job-config", "nope"], "--config nope is neither a torchtitan_seq1f1b config"),
         (["--job-config", "seq1f1b_debug", "--job-module", "no_such_module"],
          "Cannot import module 'no_such_module'"),
         (["--job-config", "seq1f1b_debug", "--attention-backend", "flash"],

@@ -25,6 +25,7 @@ from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
 from torchtitan_seq1f1b.integration.segment_plan import planner_problems, Seq1F1BConfigError, uses_planner
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
+from torchtitan_seq1f1b.integration.titan_0_3.job_data import data_problems
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 
@@ -36,7 +37,7 @@ __all__ = [
     "runs_seq1f1b",
 ]
 
-# Models whose layers Seq1F1B knows (attention.inner_attention, a SwiGLU MLP).
+# Models verified under Seq1F1B (the cost model also reads qwen3's head dims and MoE).
 MODEL_NAMES = ("llama3",)
 
 
@@ -55,7 +56,7 @@ def check_config(config: Trainer.Config) -> None:
     pipeline under Seq1F1B is only refused context parallelism: on CPU its
     attention becomes the segment-aware one too, which runs whole sequences.
     """
-    problems = []
+    problems = data_problems(config)
     parallelism = config.parallelism
     if parallelism.context_parallel_degree > 1:
         problems.append(
@@ -87,7 +88,7 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
     entry = SCHEDULES[options.schedule]
     spec = config.model_spec
     if spec is not None and spec.name not in MODEL_NAMES:
-        # The rest reads llama3's layout (attention, SwiGLU MLP) from the config.
+        # The rest reads the layout (GQA, SwiGLU or MoE MLP) from the config.
         return [f"model {spec.name!r}: Seq1F1B supports {list(MODEL_NAMES)}"]
     problems = []
     if parallelism.pipeline_parallel_schedule != entry.layout_of:

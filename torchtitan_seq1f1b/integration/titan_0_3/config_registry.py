@@ -7,7 +7,9 @@
         --module torchtitan_seq1f1b --config seq1f1b_debug
 
 Any field is a flag on the same command: ``--parallelism.pipeline_parallel_degree 1``
-is the non-pipelined reference, ``--seq1f1b.num_segments 2`` another plan.
+is the non-pipelined reference, ``--seq1f1b.num_segments 2`` another plan. Any
+other name is torchtitan's own config of that name, as a Seq1F1B job
+(:mod:`.torchtitan_configs`).
 """
 
 from torchtitan.components.checkpoint import CheckpointManager
@@ -22,6 +24,7 @@ from torchtitan.models.llama3 import model_registry
 from torchtitan_seq1f1b.data import TOKENIZER_DIR
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_config
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
 __all__ = ["seq1f1b_debug"]
@@ -86,3 +89,10 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
         ),
         debug=DebugConfig(seed=0),
     )
+
+
+def __getattr__(name: str):
+    # Called for names this module lacks: torchtitan's own configs, or a clear error.
+    if name.startswith("_"):
+        raise AttributeError(name)
+    return seq1f1b_config(name, __all__)

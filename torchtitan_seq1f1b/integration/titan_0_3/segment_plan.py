@@ -13,8 +13,26 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 __all__ = ["attention_head_dim", "segment_plan_for", "transformer_cost"]
 
 
+def _mlp_shape(layer) -> dict:
+    """TransformerCost's MLP fields of a decoder layer config: dense SwiGLU or MoE."""
+    if layer.moe is None:
+        return dict(ffn_hidden_dim=layer.feed_forward.w1.out_features)
+    moe = layer.moe
+    shared = moe.shared_experts
+    return dict(
+        ffn_hidden_dim=moe.routed_experts.inner_experts.hidden_dim,
+        experts=moe.num_experts,
+        experts_per_token=moe.router.top_k,
+        shared_ffn_hidden_dim=0 if shared is None else shared.w1.out_features,
+    )
+
+
 def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
-    """The FLOP model of a torchtitan 0.3 decoder config (llama3's layout: GQA, SwiGLU)."""
+    """The FLOP model of a torchtitan 0.3 GQA decoder config (llama3, qwen3; dense or MoE).
+
+    MoE counts the experts a token runs. Where layers differ (dense layers
+    before MoE ones), the last layer stands for all.
+    """
     attention = model_config.first_attention
     n_heads = attention.n_heads
     return TransformerCost(
@@ -22,8 +40,9 @@ def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
         dim=attention.dim,
         n_heads=n_heads,
         n_kv_heads=attention.n_kv_heads or n_heads,
-        ffn_hidden_dim=model_config.layers[0].feed_forward.w1.out_features,
         vocab_size=model_config.vocab_size,
+        qk_head_dim=attention.head_dim,
+        **_mlp_shape(model_config.layers[-1]),
     )
 
 

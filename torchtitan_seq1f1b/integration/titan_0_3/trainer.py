@@ -34,6 +34,7 @@ from torchtitan_seq1f1b.integration.summary import JobFacts, run_summary
 from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
 from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
+from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_recall_data
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
@@ -52,6 +53,8 @@ class Seq1F1BTrainer(Trainer):
     _first_step: int | None = None
 
     def __init__(self, config: Config):
+        if config.seq1f1b.data == "recall":
+            use_recall_data(config)
         check_config(config)
         config.activation_checkpoint = saving_attention(config.activation_checkpoint)
         spec = config.model_spec

@@ -1,0 +1,77 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""A job's data and tokenizer: its own, or the shipped recall corpus (``seq1f1b.data``).
+
+torchtitan's debug configs read its repository's test assets
+(``./tests/assets/tokenizer``, the ``c4_test`` sample), which a pip install
+does not have. ``--seq1f1b.data recall`` swaps in the corpus and tokenizer
+this package ships; otherwise a missing local path is refused at start-up,
+naming the option to set.
+"""
+
+import os
+
+from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
+from torchtitan.trainer import Trainer
+
+from torchtitan_seq1f1b.data import DATASET_NAMES, RecallSpec, TOKENIZER_DIR
+
+__all__ = ["data_problems", "use_recall_data"]
+
+_TRAIN, _VALIDATION = DATASET_NAMES  # "seq1f1b_recall", "seq1f1b_recall_validation"
+
+
+def _recall_path(path: str | None) -> str | None:
+    """``path`` if it selects a recall corpus (``"doc_tokens=41,words=64"``), else None."""
+    try:
+        RecallSpec.parse(path)
+    except ValueError:
+        return None
+    return path
+
+
+def use_recall_data(config: Trainer.Config) -> None:
+    """Train and validate on the recall corpus, tokenized by the shipped tokenizer; a
+    ``dataset_path`` that selects a recall corpus (``--dataloader.dataset_path
+    doc_tokens=41``) stays."""
+    config.hf_assets_path = str(TOKENIZER_DIR)
+    config.dataloader = HuggingFaceTextDataLoader.Config(
+        dataset=_TRAIN, dataset_path=_recall_path(config.dataloader.dataset_path)
+    )
+    if config.validator is not None:
+        config.validator.dataloader = HuggingFaceTextDataLoader.Config(
+            dataset=_VALIDATION,
+            dataset_path=_recall_path(config.validator.dataloader.dataset_path),
+            infinite=False,
+        )
+
+
+def _is_local(path: str) -> bool:
+    # A hub dataset is "owner/name"; anything else names a directory.
+    return path.startswith((".", "/", "~")) or path.count("/") != 1
+
+
+def data_problems(config: Trainer.Config) -> list[str]:
+    """Each data option naming a local path that does not exist, with the fix."""
+    fix = "or --seq1f1b.data recall to train on the corpus and tokenizer this package ships"
+    problems = []
+    if not os.path.isdir(config.hf_assets_path):
+        problems.append(
+            f"hf_assets_path={config.hf_assets_path!r} does not exist (torchtitan's debug "
+            f"configs point at its repository's tests/assets); set --hf_assets_path, {fix}"
+        )
+    loaders = [("dataloader", config.dataloader)]
+    if config.validator is not None and getattr(config.validator, "enable", False):
+        loaders.append(("validator.dataloader", config.validator.dataloader))
+    for option, loader in loaders:
+        if getattr(loader, "dataset", None) in DATASET_NAMES:
+            continue  # generated: its path holds the corpus' parameters
+        dataset = DATASETS.get(getattr(loader, "dataset", None))
+        path = loader.dataset_path or (dataset.path if dataset is not None else None)
+        if path and _is_local(path) and not os.path.exists(os.path.expanduser(path)):
+            problems.append(
+                f"{option}.dataset={loader.dataset!r} reads {path!r}, which does not exist; "
+                f"set --{option}.dataset_path, {fix}"
+            )
+    return problems

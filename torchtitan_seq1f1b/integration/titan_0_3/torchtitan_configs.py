@@ -1,0 +1,101 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan 0.3's own job configs, run as Seq1F1B jobs.
+
+``--module torchtitan_seq1f1b --config qwen3_debugmodel`` finds
+``qwen3_debugmodel`` in torchtitan's model registries
+(``torchtitan.models.<model>.config_registry``) and returns its job with a
+``seq1f1b`` section: schedule Seq1F1B (on torch's 1F1B stage layout), k = 4
+balanced segments. Every field stays a flag, ``--seq1f1b.*`` included.
+"""
+
+import dataclasses
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable
+from types import ModuleType
+
+from torchtitan.components.loss import ChunkedLossWrapper
+from torchtitan.trainer import Trainer
+
+from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
+
+__all__ = ["seq1f1b_config", "seq1f1b_job", "torchtitan_config_names"]
+
+# torchtitan's decoder families; the others (flux, muse_glimmer) are not language models.
+MODEL_FAMILIES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss", "kimi_k2_7")
+
+
+def _registry(family: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(f"torchtitan.models.{family}.config_registry")
+    except ImportError:
+        return None
+
+
+def _config_functions(registry: ModuleType) -> dict[str, Callable]:
+    """The job-config functions a registry module defines (not those it imports)."""
+    return {
+        name: fn
+        for name, fn in inspect.getmembers(registry, inspect.isfunction)
+        if fn.__module__ == registry.__name__ and not name.startswith("_")
+    }
+
+
+def torchtitan_config_names() -> list[str]:
+    """Every config function of torchtitan 0.3's decoder registries."""
+    return sorted(
+        name
+        for family in MODEL_FAMILIES
+        if (registry := _registry(family)) is not None
+        for name in _config_functions(registry)
+    )
+
+
+def seq1f1b_job(config: Trainer.Config, name: str) -> Seq1F1BTrainer.Config:
+    """``config`` with a default ``seq1f1b`` section (Seq1F1B on torch's 1F1B
+    stage layout, k = 4, balanced; segments a multiple of a chunked loss's chunk
+    count), and without CUDA graphs, which torchtitan refuses under pipeline
+    parallelism."""
+    if type(config) is not Trainer.Config:
+        raise ValueError(
+            f"--config {name} builds a {type(config).__qualname__}, not torchtitan's "
+            "Trainer.Config: Seq1F1B runs jobs of torchtitan's own Trainer only"
+        )
+    fields = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
+    # torchtitan refuses CUDA graphs with pipeline parallelism at parse time.
+    fields["training"].disable_cuda_graphs = True
+    # Seq1F1B runs on torch's 1F1B stage layout; flags choose another pair.
+    fields["parallelism"].pipeline_parallel_schedule = "1F1B"
+    section = Seq1F1BSection(schedule="Seq1F1B", num_segments=4, partition="balanced")
+    if isinstance(config.loss, ChunkedLossWrapper.Config):
+        # The chunked loss cuts every segment's output into num_chunks equal parts.
+        section.align = config.loss.num_chunks
+    return Seq1F1BTrainer.Config(**fields, seq1f1b=section)
+
+
+def seq1f1b_config(name: str, ours: list[str]) -> Callable[[], Seq1F1BTrainer.Config]:
+    """The config function ``--config name`` selects: torchtitan's ``name`` as a
+    Seq1F1B job. Raises ValueError naming the closest names (``ours`` and
+    torchtitan's) if neither has it."""
+    for family in MODEL_FAMILIES:
+        registry = _registry(family)
+        source = None if registry is None else _config_functions(registry).get(name)
+        if source is not None:
+            break
+    else:
+        close = difflib.get_close_matches(name, ours + torchtitan_config_names(), n=5)
+        raise ValueError(
+            f"--config {name} is neither a torchtitan_seq1f1b config ({', '.join(ours)}) nor "
+            f"a config function of torchtitan's model registries; closest: {close}"
+        )
+
+    def config() -> Seq1F1BTrainer.Config:
+        return seq1f1b_job(source(), name)
+
+    config.__name__ = config.__qualname__ = name
+    config.__doc__ = f"torchtitan.models.{family}.config_registry.{name} under Seq1F1B."
+    return config
