@@ -18,8 +18,10 @@ from collections.abc import Callable
 from types import ModuleType
 
 from torchtitan.components.loss import ChunkedLossWrapper
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.trainer import Trainer
 
+from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
@@ -55,17 +57,24 @@ def torchtitan_config_names() -> list[str]:
     )
 
 
+def _fields(config) -> dict:
+    return {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
+
+
 def seq1f1b_job(config: Trainer.Config, name: str) -> Seq1F1BTrainer.Config:
     """``config`` with a default ``seq1f1b`` section (Seq1F1B on torch's 1F1B
     stage layout, k = 4, balanced; segments a multiple of a chunked loss's chunk
-    count), and without CUDA graphs, which torchtitan refuses under pipeline
-    parallelism."""
+    count), Seq1F1B's metrics, and without CUDA graphs, which torchtitan refuses
+    under pipeline parallelism."""
     if type(config) is not Trainer.Config:
         raise ValueError(
             f"--config {name} builds a {type(config).__qualname__}, not torchtitan's "
             "Trainer.Config: Seq1F1B runs jobs of torchtitan's own Trainer only"
         )
-    fields = {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
+    fields = _fields(config)
+    if type(config.metrics) is MetricsProcessor.Config:
+        # Logs the plan, K/V peak and bubble, and the run summary.
+        fields["metrics"] = Seq1F1BMetricsProcessor.Config(**_fields(config.metrics))
     # torchtitan refuses CUDA graphs with pipeline parallelism at parse time.
     fields["training"].disable_cuda_graphs = True
     # Seq1F1B runs on torch's 1F1B stage layout; flags choose another pair.
