@@ -113,6 +113,20 @@ def test_segmented_matches_unsplit(kind, plan_name, heads, batch):
             assert len({(c["k_storage"], c["v_storage"]) for c in seg_calls}) == 1
 
 
+@pytest.mark.parametrize("kind", ["sdpa", "flash", "varlen", "cuda_exact"])
+@pytest.mark.parametrize("v_head_dim", [5, 12], ids=["v-narrower", "v-wider"])
+def test_value_head_dim_of_its_own_segmented_matches_unsplit(kind, v_head_dim):
+    """MLA: V's head dim differs from q/k's (8); the kernels get it zero-padded."""
+    attn = SegmentAwareAttention(make_backend(kind)[0])
+    plan = PLANS["5-3-4"]
+    (q, k, v), _ = attention_inputs(2, 4, 2, plan.seq_len, seed=21)
+    v = randn(2, 2, plan.seq_len, v_head_dim, seed=22)
+    grad_out = randn(2, 4, plan.seq_len, v_head_dim, seed=23)
+    expected = naive_attention(*(x.transpose(1, 2) for x in (q, k, v)), None).transpose(1, 2)
+    assert_close(attn(q, k, v), expected, f"3 segmented {kind}")
+    compare_segmented(attn, [q, k, v], grad_out, plan, f"3 segmented {kind}")
+
+
 class TwoLayers(nn.Module):
     """A stage with two attention layers: the second takes the first's output as q."""
 

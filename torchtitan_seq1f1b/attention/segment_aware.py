@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
@@ -89,18 +90,31 @@ class SegmentAwareAttention(nn.Module):
 
         Args:
             q: (batch, seq_len, n_heads, head_dim), RoPE applied.
-            k, v: (batch, seq_len, n_kv_heads, head_dim).
+            k: (batch, seq_len, n_kv_heads, head_dim).
+            v: (batch, seq_len, n_kv_heads, v_head_dim); MLA's differs from head_dim.
             scale: softmax scale for this call; ``None`` means the module's.
 
         Returns:
-            (batch, seq_len, n_heads, head_dim)
+            (batch, seq_len, n_heads, v_head_dim)
         """
         scale = self.scale if scale is None else scale
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        v_head_dim = v.shape[-1]
+        if v_head_dim != q.shape[-1]:
+            # The kernels take one head dim. Zero columns add nothing to a score,
+            # and V's zero columns give output columns that are cut off.
+            width = max(v_head_dim, q.shape[-1])
+            q, k, v = (F.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
+            return self._attend_equal_head_dims(q, k, v, scale)[..., :v_head_dim]
+        return self._attend_equal_head_dims(q, k, v, scale)
+
+    def _attend_equal_head_dims(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         # Compiled blocks call the op, so that dynamo traces nothing of the store. Eager
         # attention attends to views of the K/V buffers, which autograd then saves: the
         # op saves the segment's own k and v besides.
         if torch.compiler.is_compiling() and self.backend.runs_as_op():
-            scale = q.shape[-1] ** -0.5 if scale is None else scale
             return segment_attention(q, k, v, self.handle, scale)[0]
         raise_if_unmet(self.backend, KernelTarget.of(q))
         store = self.kv_store

@@ -20,8 +20,9 @@ MASKS_KWARG = "attention_masks"
 
 
 def is_inner_attention(name: str, module: nn.Module) -> bool:
-    """Whether ``name`` is a torchtitan attention's inner op not yet converted."""
-    return name.endswith("attention.inner_attention") and not isinstance(
+    """Whether ``name`` is a torchtitan attention's inner op (``<attention>.inner_attention``,
+    whatever the block calls its attention) not yet converted."""
+    return name.rpartition(".")[2] == "inner_attention" and not isinstance(
         module, SegmentAwareAttention
     )
 

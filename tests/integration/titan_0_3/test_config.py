@@ -157,10 +157,21 @@ def test_bad_option_is_named(change, message):
     assert message in problems_of(config)
 
 
-def test_other_models_are_refused():
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("gpt_oss", "its attention sinks rescale each output"),
+        ("qwen3_5", "its GatedDeltaNet (linear-attention) layers carry a recurrent state"),
+        ("kimi_k2_5", "a vision-language model"),
+        ("mistral", "it is not verified under Seq1F1B"),
+    ],
+)
+def test_other_models_are_refused_with_the_reason(name, reason):
     config = seq1f1b_debug()
-    config.model_spec = dataclasses.replace(config.model_spec, name="qwen3")
-    assert "model 'qwen3': Seq1F1B supports ['llama3']" in problems_of(config)
+    config.model_spec = dataclasses.replace(config.model_spec, name=name)
+    problems = problems_of(config)
+    assert f"model {name!r}: {reason}" in problems
+    assert "Seq1F1B supports ['llama3', 'qwen3', 'deepseek_v3']" in problems
 
 
 def test_options_do_not_matter_without_seq1f1b():

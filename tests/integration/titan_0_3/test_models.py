@@ -7,16 +7,27 @@ Each model starts from its own seed checkpoint and trains on the shipped
 recall corpus (``--seq1f1b.data recall``: torchtitan's debug configs read its
 repository's test assets) with packed documents, under the config's own loss
 and activation checkpointing. Seq1F1B PP=2 and a variant must match the
-non-pipelined run on every step's loss and the step-1 grad_norm within 1e-4.
+non-pipelined run on every step's loss and the step-1 grad_norm within 1e-4,
+and end with the same MoE load-balancing state. Routed experts run in the
+model's dtype (:mod:`tests.integration.titan_0_3.input_dtype_experts`).
+
+llama3's debug config runs as the README documents it
+(``tests/test_documented_commands.py``) and as the debug job
+(``test_torchtitan.py``); qwen3's MoE debug model (316M parameters) is
+checked in float64 layer by layer (``test_model_layers.py``).
 """
 
 import pytest
 
 from tests.harness import assert_same_training, RunFailed, TEST_ARGS, torchrun
+from tests.integration.titan_0_3 import input_dtype_experts
 
 # Model family: its debug config in torchtitan's registry.
-MODELS = {"llama3": "llama3_debugmodel"}
-DATA_ARGS = ("--seq1f1b.data", "recall", "--metrics.enable_tensorboard", *TEST_ARGS)
+MODELS = {"deepseek_v3": "deepseek_v3_debugmodel"}
+DATA_ARGS = (
+    "--seq1f1b.data", "recall", "--metrics.enable_tensorboard", *TEST_ARGS,
+    "--debug.moe_force_load_balance", "--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-4",
+)
 
 
 def _config(model: str) -> str:
@@ -38,7 +49,7 @@ def model_run(request, tmp_path_factory):
             tmp_path_factory.mktemp(f"{request.param}_{name}"), nproc, *DATA_ARGS,
             "--checkpoint.enable", "--checkpoint.load_only",
             "--checkpoint.initial_load_path", str(seed / "checkpoint" / "step-0"),
-            *args, config=config,
+            *args, config=config, launchers=(input_dtype_experts.__name__,),
         )
 
     run.model = request.param
@@ -75,16 +86,16 @@ def test_a_config_neither_ours_nor_torchtitans_fails_naming_the_closest(tmp_path
 
 def test_missing_test_assets_are_refused_naming_the_data_option(tmp_path):
     with pytest.raises(RunFailed) as failure:
-        torchrun(tmp_path, 1, *TEST_ARGS, config=_config("llama3"), timeout=120)
+        torchrun(tmp_path, 1, *TEST_ARGS, config="torchtitan_seq1f1b:llama3_debugmodel", timeout=120)
     output = failure.value.output
     assert "hf_assets_path='./tests/assets/tokenizer' does not exist" in output
     assert "--seq1f1b.data recall" in output
 
 
-def test_a_model_not_yet_verified_is_refused_naming_it(tmp_path):
+def test_a_refused_model_is_refused_at_start_up_with_the_reason(tmp_path):
     with pytest.raises(RunFailed) as failure:
         torchrun(
             tmp_path, 2, *DATA_ARGS, "--parallelism.pipeline_parallel_degree", "2",
-            config="torchtitan_seq1f1b:qwen3_moe_debug", timeout=180,
+            config="torchtitan_seq1f1b:gpt_oss_debugmodel", timeout=180,
         )
-    assert "model 'qwen3': Seq1F1B supports ['llama3']" in failure.value.output
+    assert "model 'gpt_oss': its attention sinks rescale" in failure.value.output

@@ -28,6 +28,7 @@ cuts them with the segments.
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from torchtitan_seq1f1b.integration.document_masks import (
     is_inner_attention,
     MASKS_KWARG,
 )
+from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 
 __all__ = [
     "MASKS_KWARG",
@@ -46,6 +48,7 @@ __all__ = [
     "make_segment_aware",
     "parallelize_with_document_ids",
     "positions_document_ids",
+    "unconvertible_layers",
 ]
 
 
@@ -61,26 +64,34 @@ class SegmentAwareInnerAttention(SegmentAwareAttention):
         attention_masks: Any = None,
         scale: float | None = None,
         enable_gqa: bool = False,
-        **kwargs: Any,
+        out_transform: Callable | None = None,
     ) -> torch.Tensor:
         """
         Args:
             q: (batch, seq_len, n_heads, head_dim), RoPE applied.
-            k, v: (batch, seq_len, n_kv_heads, head_dim).
+            k: (batch, seq_len, n_kv_heads, head_dim).
+            v: (batch, seq_len, n_kv_heads, v_head_dim); MLA's differs from head_dim.
             attention_masks: must be None: document ids reach the layer
                 through the schedule or :func:`bind_documents`, never as masks.
             scale: softmax scale; ``None`` means 1/sqrt(head_dim).
             enable_gqa: accepted for drop-in compatibility; GQA follows from
                 the head counts.
+            out_transform: must be None (attention sinks are refused at
+                conversion, :func:`unconvertible_layers`).
 
         Returns:
-            (batch, seq_len, n_heads, head_dim)
+            (batch, seq_len, n_heads, v_head_dim)
         """
         if attention_masks is not None:
             raise ValueError(
                 "segment-aware attention got attention_masks; its model's document "
                 "ids must go to a Seq1F1B schedule's document_ids_kwarg or to "
                 "bind_documents, not to the layers"
+            )
+        if out_transform is not None:
+            raise ValueError(
+                "segment-aware attention got an out_transform (attention sinks), which "
+                "needs the logsumexp it does not return"
             )
         return self.attend(q, k, v, scale)
 
@@ -95,12 +106,55 @@ def positions_document_ids(positions: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(positions == 0, dim=1) - 1
 
 
+def unconvertible_layers(model: nn.Module) -> list[str]:
+    """Why each transformer block of a torchtitan 0.3 decoder (or part) cannot be
+    made segment-aware, one line per block, naming its token mixer; empty if all can."""
+    problems = []
+    for name, block in getattr(model, "layers", {}).items():
+        mixer = getattr(block, "attention", None) or getattr(block, "attn", None)
+        inner = getattr(mixer, "inner_attention", None)
+        where = f"layers.{name} ({type(mixer if mixer is not None else block).__name__})"
+        if inner is None:
+            problems.append(
+                f"{where}: no softmax attention to make segment-aware; a linear-attention "
+                "layer carries a recurrent state from segment to segment, which Seq1F1B "
+                "does not pass on"
+            )
+        elif _window(block, inner) is not None:
+            problems.append(
+                f"{where}: sliding-window attention ({_window(block, inner)}); "
+                "segment-aware attention reads every earlier key of the document"
+            )
+        elif isinstance(getattr(mixer, "sinks", None), torch.Tensor):
+            problems.append(
+                f"{where}: attention sinks rescale the output by the attention's "
+                "logsumexp, which segment-aware attention does not return"
+            )
+    return problems
+
+
+def _window(block: nn.Module, inner: nn.Module) -> str | None:
+    """The sliding window of a torchtitan 0.3 attention (varlen or flex), if any."""
+    left, _ = getattr(inner, "window_size", (-1, 0))
+    if left >= 0:
+        return f"window_size={tuple(inner.window_size)}"
+    if getattr(block, "attn_mask_key", None) == "sliding_window_mask":
+        return "attn_mask_key='sliding_window_mask'"
+    return None
+
+
 def make_segment_aware(model: nn.Module, backend: str) -> int:
     """Convert a torchtitan 0.3 decoder (or a pipeline part of one) in place.
 
     Call before torchtitan's ``parallelize_fn`` (AC and FSDP wrap the new
-    modules). Returns the number of attention layers converted.
+    modules). Returns the number of attention layers converted. Raises
+    :class:`Seq1F1BConfigError` naming every block that cannot be converted.
     """
+    problems = unconvertible_layers(model)
+    if problems:
+        raise Seq1F1BConfigError(
+            "Seq1F1B cannot make these layers segment-aware:\n  - " + "\n  - ".join(problems)
+        )
     converted = wrap_attention(model, is_inner_attention, backend, SegmentAwareInnerAttention)
     model.get_attention_masks = positions_document_ids
     return converted

@@ -31,14 +31,25 @@ from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_f
 
 __all__ = [
     "MODEL_NAMES",
+    "REFUSED_MODELS",
     "check_attention_backend",
     "check_config",
     "compute_dtype",
     "runs_seq1f1b",
 ]
 
-# Models verified under Seq1F1B (the cost model also reads qwen3's head dims and MoE).
-MODEL_NAMES = ("llama3",)
+# Models verified under Seq1F1B (README's model table).
+MODEL_NAMES = ("llama3", "qwen3", "deepseek_v3")
+# Why the other decoders of torchtitan 0.3's registries are refused.
+REFUSED_MODELS = {
+    "gpt_oss": "its attention sinks rescale each output by the attention's logsumexp, and "
+    "its sliding-window layers read only the last 128 keys; segment-aware attention "
+    "does neither yet",
+    "qwen3_5": "its GatedDeltaNet (linear-attention) layers carry a recurrent state from "
+    "segment to segment, which Seq1F1B does not pass on",
+    "kimi_k2_5": "a vision-language model: its vision encoder runs on the first stage "
+    "and its image tokens are not cut into segments",
+}
 
 
 def runs_seq1f1b(config: Trainer.Config) -> bool:
@@ -88,8 +99,8 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
     entry = SCHEDULES[options.schedule]
     spec = config.model_spec
     if spec is not None and spec.name not in MODEL_NAMES:
-        # The rest reads the layout (GQA, SwiGLU or MoE MLP) from the config.
-        return [f"model {spec.name!r}: Seq1F1B supports {list(MODEL_NAMES)}"]
+        why = REFUSED_MODELS.get(spec.name, "it is not verified under Seq1F1B")
+        return [f"model {spec.name!r}: {why}; Seq1F1B supports {list(MODEL_NAMES)}"]
     problems = []
     if parallelism.pipeline_parallel_schedule != entry.layout_of:
         problems.append(

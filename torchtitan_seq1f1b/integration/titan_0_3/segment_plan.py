@@ -27,29 +27,41 @@ def _mlp_shape(layer) -> dict:
     )
 
 
+def _head_shape(attention) -> dict:
+    """TransformerCost's head fields of an attention config: GQA, or MLA (deepseek_v3),
+    whose K/V have a head per query head and whose V head dim is its own."""
+    if hasattr(attention, "v_head_dim"):
+        return dict(
+            n_kv_heads=attention.n_heads,
+            qk_head_dim=attention.qk_nope_head_dim + attention.qk_rope_head_dim,
+            v_head_dim=attention.v_head_dim,
+        )
+    return dict(n_kv_heads=attention.n_kv_heads or attention.n_heads, qk_head_dim=attention.head_dim)
+
+
 def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
-    """The FLOP model of a torchtitan 0.3 GQA decoder config (llama3, qwen3; dense or MoE).
+    """The FLOP model of a torchtitan 0.3 decoder config (llama3, qwen3, deepseek_v3;
+    dense or MoE).
 
     MoE counts the experts a token runs. Where layers differ (dense layers
     before MoE ones), the last layer stands for all.
     """
     attention = model_config.first_attention
-    n_heads = attention.n_heads
     return TransformerCost(
         n_layers=len(model_config.layers),
         dim=attention.dim,
-        n_heads=n_heads,
-        n_kv_heads=attention.n_kv_heads or n_heads,
+        n_heads=attention.n_heads,
         vocab_size=model_config.vocab_size,
-        qk_head_dim=attention.head_dim,
+        **_head_shape(attention),
         **_mlp_shape(model_config.layers[-1]),
     )
 
 
 def attention_head_dim(model_config: BaseModel.Config) -> int:
-    """The head dim of a torchtitan 0.3 decoder config's attention (dim / heads unless set)."""
-    attention = model_config.first_attention
-    return attention.head_dim or attention.dim // attention.n_heads
+    """The head dim the attention kernels run at: dim / heads unless set; MLA's
+    q/k and v head dims, whichever is wider (the other is zero-padded to it)."""
+    cost = transformer_cost(model_config)
+    return max(cost.head_dim, cost.value_head_dim)
 
 
 def segment_plan_for(

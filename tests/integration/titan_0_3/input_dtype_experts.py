@@ -1,0 +1,42 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan 0.3's routed experts computed in their inputs' dtype, not in bf16.
+
+``GroupedExperts.forward`` casts tokens and expert weights to bf16 whatever the
+model's dtype, so each call rounds its expert weight gradients to bf16 once:
+once per segment under Seq1F1B, once per microbatch unpipelined. Exactness
+tests of MoE models replace it with :func:`experts_in_input_dtype`; routing,
+dispatch, combine and load balancing stay torchtitan's.
+
+``python -m tests.integration.titan_0_3.input_dtype_experts MODULE ARGS...``
+runs MODULE as ``__main__`` (under torchrun, the next launcher or
+torchtitan.train) with the replacement in place.
+"""
+
+import runpy
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from torchtitan.models.common.moe import GroupedExperts
+
+
+def experts_in_input_dtype(
+    self: GroupedExperts, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor
+) -> torch.Tensor:
+    """``GroupedExperts.forward`` in x_RD's dtype: x_RD (tokens, dim), grouped by
+    expert, ``num_tokens_per_expert_E`` (experts,) -> (tokens, dim)."""
+    groups = x_RD.split(num_tokens_per_expert_E.tolist())
+    return torch.cat([
+        (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+        for x, w1, w2, w3 in zip(groups, self.w1_EFD, self.w2_EDF, self.w3_EFD)
+    ])
+
+
+if __name__ == "__main__":
+    GroupedExperts.forward = experts_in_input_dtype
+    module = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)

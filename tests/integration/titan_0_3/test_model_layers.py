@@ -1,0 +1,209 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan 0.3's decoders, converted, run segment by segment in float64.
+
+Each model is torchtitan's own debug model cut to two blocks (fewer routed
+experts for qwen3's MoE), converted by :func:`make_segment_aware`, and run
+as a Seq1F1B stage runs one microbatch: segment by segment on a K/V store,
+packed documents crossing the segment borders, under torchtitan's activation
+checkpointing, every backward on a fresh thread as CUDA's autograd engine
+runs it. Logits, every parameter's gradient and the MoE token counts that
+drive load balancing must equal the unsplit run's.
+
+torchtitan's routed experts multiply in bf16 whatever the model's dtype, so
+their weight gradients are rounded once per call: once per segment here, once
+per microbatch unsplit. The tests run them in float64
+(:func:`~tests.integration.titan_0_3.input_dtype_experts.experts_in_input_dtype`);
+routing, dispatch, combine and everything else run as torchtitan wrote them.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel
+from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel
+from torchtitan.models.llama3.config_registry import llama3_debugmodel
+from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
+
+from torchtitan_seq1f1b.attention import bind_documents
+from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
+from torchtitan_seq1f1b.check.segmented import SegmentedRun
+from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.titan_0_3.attention import (
+    make_segment_aware,
+    positions_document_ids,
+)
+from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
+from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, transformer_cost
+from torchtitan_seq1f1b.kv_store import KVStore
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+from tests.harness import assert_close
+from tests.integration.titan_0_3.input_dtype_experts import experts_in_input_dtype
+
+PLAN = SegmentPlan.from_lengths((11, 5, 16))
+# Per row of the microbatch: document lengths summing to the plan's 32 tokens.
+DOCUMENTS = ((7, 13, 12), (32,))
+CHECKPOINTING = {
+    "none": None,
+    "full": FullAC.Config(),
+    "selective": saving_attention(SelectiveAC.Config()),
+}
+
+def _with_experts(config, num_experts: int):
+    """``config`` with every expert count inside it (and the router's gate width) set."""
+    changes = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name == "num_experts":
+            changes[field.name] = num_experts
+        elif field.name == "gate":
+            changes[field.name] = dataclasses.replace(value, out_features=num_experts)
+        elif dataclasses.is_dataclass(value):
+            changes[field.name] = _with_experts(value, num_experts)
+    return dataclasses.replace(config, **changes)
+
+def _model(job, num_experts: int | None = None) -> torch.nn.Module:
+    """The job's model, first two blocks, float64, initialised from seed 0."""
+    config = job().model_spec.model
+    layers = config.layers[:2]
+    if num_experts is not None:
+        layers = [_with_experts(layer, num_experts) for layer in layers]
+    config = dataclasses.replace(config, layers=layers)
+    torch.manual_seed(0)
+    # Built in float64, so that complex RoPE tables become complex128, not real.
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = config.build()
+        model.init_states()
+    finally:
+        torch.set_default_dtype(default_dtype)
+    return model
+
+MODELS = {
+    # GQA with head_dim 128 at dim 256, q/k norms; routed experts, top 8 of 16, softmax routing.
+    "qwen3-moe": lambda: _model(qwen3_moe_debug, num_experts=16),
+    # MLA (q/k head dim 192, v 128, yarn RoPE scale); a dense block, then shared + routed experts.
+    "deepseek_v3": lambda: _model(deepseek_v3_debugmodel),
+}
+
+def _batch(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens and per-document positions, (2, 32)."""
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.config.vocab_size, (2, PLAN.seq_len), generator=gen)
+    positions = torch.cat([
+        torch.cat([torch.arange(length) for length in lengths])[None] for lengths in DOCUMENTS
+    ])
+    return tokens, positions
+
+class _PositionsAsInput(torch.nn.Module):
+    """The model called with (tokens, positions), both cut into segments."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens, positions=positions)
+
+
+def _moe_layers(model) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "tokens_per_expert_E")]
+
+def _run(model, segmented: bool, grad_out: torch.Tensor | None):
+    tokens, positions = _batch(model)
+    ids = positions_document_ids(positions)
+    model.zero_grad(set_to_none=True)
+    for moe in _moe_layers(model):
+        moe.tokens_per_expert_E.zero_()
+
+    forward = _PositionsAsInput(model)
+    with backward_on_fresh_thread():
+        if segmented:
+            store = KVStore()
+            run = SegmentedRun(forward, [tokens, positions], PLAN, store, document_ids=ids)
+            out, _ = run.run(grad_out)
+            assert len(store) == 0
+        else:
+            bind_documents(model, ids)
+            out = forward(tokens, positions)
+            out.backward(grad_out)
+            out = out.detach()
+            bind_documents(model, None)
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return out, grads, [moe.tokens_per_expert_E.clone() for moe in _moe_layers(model)]
+
+@pytest.mark.parametrize("checkpointing", list(CHECKPOINTING))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_segmented_model_matches_unsplit(name, checkpointing, monkeypatch):
+    monkeypatch.setattr(GroupedExperts, "forward", experts_in_input_dtype)
+    model = MODELS[name]()
+    assert make_segment_aware(model, "sdpa") == 2
+    if CHECKPOINTING[checkpointing] is not None:
+        CHECKPOINTING[checkpointing].build().apply(model)
+    model.train()
+    gen = torch.Generator().manual_seed(2)
+    grad_out = torch.randn(2, PLAN.seq_len, model.config.vocab_size, generator=gen, dtype=torch.float64)
+    ref_out, ref_grads, ref_counts = _run(model, False, grad_out)
+    out, grads, counts = _run(model, True, grad_out)
+    assert_close(out, ref_out, f"titan0.3 {name}")
+    for param, ref in ref_grads.items():
+        assert_close(grads[param], ref, f"titan0.3 {name}", what=f"grad of {param}")
+    assert len(counts) == (2 if name == "qwen3-moe" else 1)
+    for layer, (count, ref) in enumerate(zip(counts, ref_counts)):
+        assert ref.sum() > 0
+        assert torch.equal(count, ref), f"MoE layer {layer}: token counts {count} != {ref}"
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "layers.0 (Attention): sliding-window attention (window_size=(127, 0))",
+        "layers.1 (Attention): attention sinks rescale",
+    ],
+    ids=["window", "sinks"],
+)
+def test_gpt_oss_layers_are_refused_by_type(refusal):
+    with torch.device("meta"):
+        model = gpt_oss_debugmodel().model_spec.model.build()
+    with pytest.raises(Seq1F1BConfigError) as error:
+        make_segment_aware(model, "sdpa")
+    assert refusal in str(error.value)
+
+
+class _Recurrent(torch.nn.Module):
+    """A token mixer without softmax attention, as qwen3_5's GatedDeltaNet (which needs
+    the fla package to import)."""
+
+
+def test_a_layer_without_softmax_attention_is_refused_by_type():
+    with torch.device("meta"):
+        model = llama3_debugmodel().model_spec.model.build()
+    model.layers["1"].attention = _Recurrent()
+    with pytest.raises(Seq1F1BConfigError) as error:
+        make_segment_aware(model, "sdpa")
+    assert "layers.1 (_Recurrent): no softmax attention to make segment-aware" in str(error.value)
+    assert "layers.0" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "job, expected, kernel_head_dim",
+    [
+        (qwen3_moe_debug, dict(n_heads=16, n_kv_heads=8, head_dim=128, value_head_dim=128,
+                               experts=64, experts_per_token=8, shared_ffn_hidden_dim=0), 128),
+        (deepseek_v3_debugmodel, dict(n_heads=16, n_kv_heads=16, head_dim=192, value_head_dim=128,
+                                      experts=8, experts_per_token=3, shared_ffn_hidden_dim=512), 192),
+    ],
+    ids=["qwen3-moe", "deepseek_v3"],
+)
+def test_cost_model_reads_each_models_heads_and_experts(job, expected, kernel_head_dim):
+    """The FLOP model behind balanced plans, the simulator and the planner."""
+    config = job().model_spec.model
+    cost = transformer_cost(config)
+    assert {name: getattr(cost, name) for name in expected} == expected
+    assert attention_head_dim(config) == kernel_head_dim
