@@ -23,6 +23,7 @@ from torchtitan_seq1f1b.attention import (
     TorchFlashBackend,
 )
 from torchtitan_seq1f1b.attention.exact import SDPABackend
+from torchtitan_seq1f1b.check.segmented import SegmentedRun
 from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -222,3 +223,54 @@ def test_every_gpu_kernel_runs_as_the_op_exactly(kernel, documents, compile_bloc
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     if op is not None:  # every layer of every unit reached the kernel
         assert FORWARD_CALLS[op] - calls >= len(blocks) * 2 * plan.num_segments
+
+
+class _WithSinks(nn.Module):
+    """q, k, v (batch, L, heads, head_dim) -> attention with per-head sinks, as gpt_oss's."""
+
+    def __init__(self, backend: AttentionBackend):
+        super().__init__()
+        self.attention = SegmentAwareAttention(backend)
+        gen = torch.Generator().manual_seed(30)
+        self.sinks = nn.Parameter(torch.randn(HEADS, generator=gen, dtype=torch.float64))
+
+    def forward(self, q, k, v):
+        return self.attention.attend(q, k, v, 0.4, self.sinks)
+
+
+def _attention_with_sink_key(q, k, v, sinks, ids):
+    """Softmax over each query's visible keys (causal, own document) and one more,
+    zero-valued key of logit sinks[h]: q (B, L, H, D), k, v (B, L, Hkv, D), ids (B, L)."""
+    groups = q.shape[2] // k.shape[2]
+    k, v = (x.repeat_interleave(groups, dim=2) for x in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.4
+    visible = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril() & (ids[:, :, None] == ids[:, None, :])
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    sink = sinks[None, :, None, None].expand(*scores.shape[:3], 1)
+    probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["dense", "documents"])
+@pytest.mark.parametrize("kernel", ["cpu_flash", *KERNEL_OPS])
+def test_attention_sinks_segmented_match_a_zero_valued_sink_key(kernel, documents):
+    """gpt_oss's sinks, out * sigmoid(lse - sinks), on every kernel: outputs and the
+    gradients of q, k, v and the sinks, 3 uneven segments against the unsplit formula."""
+    plan = SegmentPlan.from_lengths((10, 8, 6))
+    layer = _WithSinks(SDPABackend() if kernel == "cpu_flash" else _kernel_backend(kernel))
+    gen = torch.Generator().manual_seed(31)
+    q, grad_out = (torch.randn(BATCH, 24, HEADS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in "qg")
+    k, v = (torch.randn(BATCH, 24, KV_HEADS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in "kv")
+    ids = torch.tensor([[0] * 7 + [1] * 12 + [2] * 5, [0] * 24]) if documents else torch.zeros(BATCH, 24, dtype=torch.long)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    sinks = layer.sinks.detach().clone().requires_grad_()
+    expected = _attention_with_sink_key(*leaves, sinks, ids)
+    expected.backward(grad_out)
+    store = KVStore()
+    out, grads = SegmentedRun(
+        layer, [q, k, v], plan, store, document_ids=ids if documents else None
+    ).run(grad_out)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    for grad, leaf in zip(grads, leaves):
+        torch.testing.assert_close(grad, leaf.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(layer.sinks.grad, sinks.grad, rtol=1e-10, atol=1e-12)

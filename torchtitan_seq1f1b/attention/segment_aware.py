@@ -84,7 +84,12 @@ class SegmentAwareAttention(nn.Module):
         return self.attend(q, k, v).transpose(1, 2)
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The attention itself, in the kernels' layout.
 
@@ -93,6 +98,8 @@ class SegmentAwareAttention(nn.Module):
             k: (batch, seq_len, n_kv_heads, head_dim).
             v: (batch, seq_len, n_kv_heads, v_head_dim); MLA's differs from head_dim.
             scale: softmax scale for this call; ``None`` means the module's.
+            sinks: (n_heads,) attention-sink logits (gpt_oss), or None: each
+                output is rescaled by ``sigmoid(logsumexp - sinks[h])``.
 
         Returns:
             (batch, seq_len, n_heads, v_head_dim)
@@ -105,17 +112,22 @@ class SegmentAwareAttention(nn.Module):
             # and V's zero columns give output columns that are cut off.
             width = max(v_head_dim, q.shape[-1])
             q, k, v = (F.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
-            return self._attend_equal_head_dims(q, k, v, scale)[..., :v_head_dim]
-        return self._attend_equal_head_dims(q, k, v, scale)
+            return self._attend_equal_head_dims(q, k, v, scale, sinks)[..., :v_head_dim]
+        return self._attend_equal_head_dims(q, k, v, scale, sinks)
 
     def _attend_equal_head_dims(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sinks
     ) -> torch.Tensor:
         # Compiled blocks call the op, so that dynamo traces nothing of the store. Eager
         # attention attends to views of the K/V buffers, which autograd then saves: the
-        # op saves the segment's own k and v besides.
-        if torch.compiler.is_compiling() and self.backend.runs_as_op():
-            return segment_attention(q, k, v, self.handle, scale)[0]
+        # op saves the segment's own k and v besides. Sinks need the op's backward.
+        if sinks is not None and not self.backend.runs_as_op():
+            raise ValueError(
+                f"attention sinks need a backend the registered op runs; "
+                f"{self.backend.name!r} is not one"
+            )
+        if sinks is not None or (torch.compiler.is_compiling() and self.backend.runs_as_op()):
+            return segment_attention(q, k, v, self.handle, scale, sinks)[0]
         raise_if_unmet(self.backend, KernelTarget.of(q))
         store = self.kv_store
         running = store.running if store is not None else None

@@ -17,6 +17,13 @@ The op returns the output and the kernel's logsumexp; its backward is a
 second op computing (dq, dk, dv) with the kernel's backward and banking the
 prefix part of dk/dv in the store, as :class:`~torchtitan_seq1f1b.kv_store.KVStore`
 does for eager attention.
+
+With attention sinks (gpt_oss) the output is rescaled per head,
+``out * sigmoid(lse - sinks)``: softmax over the keys and one more, zero-valued
+key of logit ``sinks[h]``. The rescaled output is the attention output over
+that longer key set, so the kernel's backward, given it in place of ``out``
+and ``grad * sigmoid(lse - sinks)`` in place of ``grad``, returns the exact
+dq, dk, dv: kernels use ``out`` only for ``rowsum(grad * out)``.
 """
 
 import torch
@@ -52,19 +59,33 @@ def _prefix(handle: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: bool)
     return layer, *store.prefix(layer, k, v, write)
 
 
+def _sink_scale(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """sigmoid(lse - sinks): lse (batch, heads, Lq), sinks (heads,) -> (batch, Lq, heads, 1)."""
+    return torch.sigmoid(lse - sinks.to(lse.dtype)[:, None]).transpose(1, 2)[..., None]
+
+
 @torch.library.custom_op("seq1f1b::segment_attention", mutates_args=())
 def segment_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    handle: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (batch, Lq, heads, head_dim); k, v: (batch, Lq, kv_heads, head_dim), the running
-    segment's own. Returns out (batch, Lq, heads, head_dim) and logsumexp (batch, heads, Lq)."""
+    segment's own; sinks: (heads,) or None. Returns out (batch, Lq, heads, head_dim),
+    sink-rescaled if sinks are given, and the kernel's logsumexp (batch, heads, Lq)."""
     layer, keys, values, _, documents = _prefix(handle, k, v, write=True)
     raise_if_unmet(layer.backend, KernelTarget.of(q))
-    return layer.backend.forward(q, keys, values, scale, documents)
+    out, lse = layer.backend.forward(q, keys, values, scale, documents)
+    if sinks is not None:
+        out = out * _sink_scale(lse, sinks).to(out.dtype)
+    return out, lse
 
 
 @segment_attention.register_fake
-def _(q, k, v, handle, scale):
+def _(q, k, v, handle, scale, sinks=None):
     # The kernel's logsumexp is fp32 for half inputs, else the inputs' dtype.
     lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=lse_dtype)
@@ -95,15 +116,21 @@ def _(grad, q, k, v, out, lse, handle, scale):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, handle, scale = inputs
-    ctx.save_for_backward(q, k, v, *output, handle)
+    q, k, v, handle, scale, sinks = inputs
+    ctx.save_for_backward(q, k, v, *output, handle, sinks)
     ctx.scale = scale
 
 
 def _backward_formula(ctx, grad, _grad_lse):
-    q, k, v, out, lse, handle = ctx.saved_tensors
+    q, k, v, out, lse, handle, sinks = ctx.saved_tensors
+    grad_sinks = None
+    if sinks is not None:
+        sink_scale = _sink_scale(lse, sinks)
+        # d(out * s)/d(sinks) = -out * s * (1 - s), per head, summed over batch and queries.
+        grad_sinks = -((grad * out).sum(-1, keepdim=True) * (1 - sink_scale)).sum((0, 1, 3))
+        grad = grad * sink_scale.to(grad.dtype)
     dq, dk, dv = segment_attention_backward(grad, q, k, v, out, lse, handle, ctx.scale)
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, None if grad_sinks is None else grad_sinks.to(sinks.dtype)
 
 
 segment_attention.register_autograd(_backward_formula, setup_context=_setup_context)

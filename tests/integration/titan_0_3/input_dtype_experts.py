@@ -6,8 +6,9 @@
 ``GroupedExperts.forward`` casts tokens and expert weights to bf16 whatever the
 model's dtype, so each call rounds its expert weight gradients to bf16 once:
 once per segment under Seq1F1B, once per microbatch unpipelined. Exactness
-tests of MoE models replace it with :func:`experts_in_input_dtype`; routing,
-dispatch, combine and load balancing stay torchtitan's.
+tests of MoE models replace it with :func:`experts_in_input_dtype` (gpt_oss's
+with :func:`gpt_oss_experts_in_input_dtype`); routing, dispatch, combine and
+load balancing stay torchtitan's.
 
 ``python -m tests.integration.titan_0_3.input_dtype_experts MODULE ARGS...``
 runs MODULE as ``__main__`` (under torchrun, the next launcher or
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts, swiglu
 
 
 def experts_in_input_dtype(
@@ -35,8 +37,21 @@ def experts_in_input_dtype(
     ])
 
 
+def gpt_oss_experts_in_input_dtype(
+    self: GptOssGroupedExperts, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor
+) -> torch.Tensor:
+    """``GptOssGroupedExperts.forward`` (biases, clamped SwiGLU) in x_RD's dtype, unsharded."""
+    groups = x_RD.split(num_tokens_per_expert_E.tolist())
+    weights = zip(self.mlp1_weight_EGD, self.mlp1_bias_EG, self.mlp2_weight_EDF, self.mlp2_bias_ED)
+    return torch.cat([
+        swiglu(x @ w1.T + b1, limit=self.swiglu_limit) @ w2.T + b2
+        for x, (w1, b1, w2, b2) in zip(groups, weights)
+    ])
+
+
 if __name__ == "__main__":
     GroupedExperts.forward = experts_in_input_dtype
+    GptOssGroupedExperts.forward = gpt_oss_experts_in_input_dtype
     module = sys.argv[1]
     sys.argv = sys.argv[1:]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

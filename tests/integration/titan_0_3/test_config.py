@@ -13,11 +13,13 @@ import pytest
 from torchtitan.components.loss import ChunkedLossWrapper
 from torchtitan.config import ConfigManager
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
+from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel_mtp
 from torchtitan.tools import utils
 
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_job
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
 from tests.harness import REPO, RunFailed, TEST_ARGS, torchrun
@@ -160,7 +162,7 @@ def test_bad_option_is_named(change, message):
 @pytest.mark.parametrize(
     "name, reason",
     [
-        ("gpt_oss", "its attention sinks rescale each output"),
+        ("gpt_oss", "its sliding-window layers read only the last 128 keys"),
         ("qwen3_5", "its GatedDeltaNet (linear-attention) layers carry a recurrent state"),
         ("kimi_k2_5", "a vision-language model"),
         ("mistral", "it is not verified under Seq1F1B"),
@@ -241,3 +243,9 @@ def test_the_documented_debug_command_trains(tmp_path):
         "that cannot attend to earlier segments gets below loss 3.9009"
     ) in output
     assert (tmp_path / "outputs" / "seq1f1b_debug" / "checkpoint" / "step-5").is_dir()
+
+
+def test_multi_token_prediction_is_refused_naming_the_config_without_it():
+    config = seq1f1b_job(deepseek_v3_debugmodel_mtp(), "deepseek_v3_debugmodel_mtp")
+    config.parallelism.pipeline_parallel_degree = 2
+    assert "predicts 1 extra token(s) (multi-token prediction)" in problems_of(config)

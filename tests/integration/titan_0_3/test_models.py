@@ -98,4 +98,4 @@ def test_a_refused_model_is_refused_at_start_up_with_the_reason(tmp_path):
             tmp_path, 2, *DATA_ARGS, "--parallelism.pipeline_parallel_degree", "2",
             config="torchtitan_seq1f1b:gpt_oss_debugmodel", timeout=180,
         )
-    assert "model 'gpt_oss': its attention sinks rescale" in failure.value.output
+    assert "model 'gpt_oss': its sliding-window layers read only" in failure.value.output

@@ -11,9 +11,12 @@ the model or to every pipeline stage. Neither kernel can attend a segment to
 its microbatch's earlier segments, and neither trains on CPU. So a model is
 converted (:func:`make_segment_aware`):
 
-- every ``attention.inner_attention`` becomes :class:`SegmentAwareInnerAttention`,
+- every ``<attention>.inner_attention`` becomes :class:`SegmentAwareInnerAttention`,
   which takes torchtitan 0.3's inner-attention call: q, k, v of shape
-  (batch, seq, heads, head_dim) and keyword ``attention_masks=``, ``scale=``;
+  (batch, seq, heads, head_dim) and keyword ``attention_masks=``, ``scale=``
+  and gpt_oss's attention-sink ``out_transform=``; a block it cannot convert
+  (a sliding window, no softmax attention) is refused, naming its layer type
+  (:func:`unconvertible_layers`);
 - ``get_attention_masks`` returns document ids (batch, seq) instead
   (:func:`positions_document_ids`, the ids torchtitan's
   ``get_document_mask_mod`` derives);
@@ -33,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
 from torchtitan_seq1f1b.integration.document_masks import (
@@ -45,6 +49,7 @@ from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 __all__ = [
     "MASKS_KWARG",
     "SegmentAwareInnerAttention",
+    "attention_sinks",
     "make_segment_aware",
     "parallelize_with_document_ids",
     "positions_document_ids",
@@ -76,8 +81,9 @@ class SegmentAwareInnerAttention(SegmentAwareAttention):
             scale: softmax scale; ``None`` means 1/sqrt(head_dim).
             enable_gqa: accepted for drop-in compatibility; GQA follows from
                 the head counts.
-            out_transform: must be None (attention sinks are refused at
-                conversion, :func:`unconvertible_layers`).
+            out_transform: None, or gpt_oss's attention-sink rescale
+                (``_apply_sinks``: ``out * sigmoid(lse - sinks)``), which runs
+                inside the attention (:func:`attention_sinks`).
 
         Returns:
             (batch, seq_len, n_heads, v_head_dim)
@@ -88,12 +94,26 @@ class SegmentAwareInnerAttention(SegmentAwareAttention):
                 "ids must go to a Seq1F1B schedule's document_ids_kwarg or to "
                 "bind_documents, not to the layers"
             )
-        if out_transform is not None:
-            raise ValueError(
-                "segment-aware attention got an out_transform (attention sinks), which "
-                "needs the logsumexp it does not return"
-            )
-        return self.attend(q, k, v, scale)
+        sinks = None if out_transform is None else attention_sinks(out_transform)
+        return self.attend(q, k, v, scale, sinks)
+
+
+def attention_sinks(out_transform: Callable) -> torch.Tensor:
+    """The (n_heads,) sink logits of torchtitan's sink rescale, an attention's
+    ``_apply_sinks`` (gpt_oss); raises ValueError for any other ``out_transform``,
+    which needs a logsumexp the segment-aware attention does not return."""
+    owner = getattr(out_transform, "__self__", None)
+    sinks = getattr(owner, "sinks", None)
+    if getattr(out_transform, "__name__", None) != "_apply_sinks" or not isinstance(
+        sinks, torch.Tensor
+    ):
+        raise ValueError(
+            f"segment-aware attention runs torchtitan's attention-sink rescale "
+            f"(_apply_sinks) as its out_transform, not {out_transform!r}"
+        )
+    if isinstance(sinks, DTensor):
+        sinks = sinks.to_local(grad_placements=sinks.placements)
+    return sinks
 
 
 def positions_document_ids(positions: torch.Tensor) -> torch.Tensor:
@@ -124,11 +144,6 @@ def unconvertible_layers(model: nn.Module) -> list[str]:
             problems.append(
                 f"{where}: sliding-window attention ({_window(block, inner)}); "
                 "segment-aware attention reads every earlier key of the document"
-            )
-        elif isinstance(getattr(mixer, "sinks", None), torch.Tensor):
-            problems.append(
-                f"{where}: attention sinks rescale the output by the attention's "
-                "logsumexp, which segment-aware attention does not return"
             )
     return problems
 

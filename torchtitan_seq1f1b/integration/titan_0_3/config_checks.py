@@ -42,9 +42,8 @@ __all__ = [
 MODEL_NAMES = ("llama3", "qwen3", "deepseek_v3")
 # Why the other decoders of torchtitan 0.3's registries are refused.
 REFUSED_MODELS = {
-    "gpt_oss": "its attention sinks rescale each output by the attention's logsumexp, and "
-    "its sliding-window layers read only the last 128 keys; segment-aware attention "
-    "does neither yet",
+    "gpt_oss": "its sliding-window layers read only the last 128 keys, which segment-aware "
+    "attention does not do yet (its attention sinks it runs)",
     "qwen3_5": "its GatedDeltaNet (linear-attention) layers carry a recurrent state from "
     "segment to segment, which Seq1F1B does not pass on",
     "kimi_k2_5": "a vision-language model: its vision encoder runs on the first stage "
@@ -102,6 +101,13 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
         why = REFUSED_MODELS.get(spec.name, "it is not verified under Seq1F1B")
         return [f"model {spec.name!r}: {why}; Seq1F1B supports {list(MODEL_NAMES)}"]
     problems = []
+    if spec is not None and getattr(spec.model, "mtp_layers", None):
+        problems.append(
+            f"model {spec.name!r} predicts {len(spec.model.mtp_layers)} extra token(s) "
+            "(multi-token prediction), which torchtitan does not pipeline; use its config "
+            "without MTP (e.g. deepseek_v3_debugmodel for deepseek_v3_debugmodel_mtp), or "
+            "--parallelism.pipeline_parallel_degree 1"
+        )
     if parallelism.pipeline_parallel_schedule != entry.layout_of:
         problems.append(
             f"seq1f1b.schedule={options.schedule!r} runs on the stage layout of "
