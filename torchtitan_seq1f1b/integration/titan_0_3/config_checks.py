@@ -43,11 +43,11 @@ MODEL_NAMES = ("llama3", "qwen3", "deepseek_v3")
 # Why the other decoders of torchtitan 0.3's registries are refused.
 REFUSED_MODELS = {
     "gpt_oss": "its sliding-window layers read only the last 128 keys, which segment-aware "
-    "attention does not do yet (its attention sinks it runs)",
+    "attention does not do yet (its attention sinks are supported)",
     "qwen3_5": "its GatedDeltaNet (linear-attention) layers carry a recurrent state from "
     "segment to segment, which Seq1F1B does not pass on",
-    "kimi_k2_5": "a vision-language model: its vision encoder runs on the first stage "
-    "and its image tokens are not cut into segments",
+    "kimi_k2_5": "a vision-language model, which torchtitan pipelines with its own "
+    "pipeline_vlm; Seq1F1B pipelines decoders only",
 }
 
 
