@@ -184,8 +184,7 @@ def test_banking_runs_two_ops_per_tensor_and_frees_after_segment_0(dtype, key_st
     without zero-filling what its first write covers, and dropped after segment 0."""
     lengths = (4, 3, 3)
     starts = (0, 4, 7)
-    like = torch.zeros(2, 10, 2, 8, dtype=dtype)
-    buffers = _PrefixBuffers(like, like, low, 10, starts[-1])
+    buffers = _PrefixBuffers(torch.zeros(2, 10, 2, 8, dtype=dtype), low, 10, starts[-1])
     gen = torch.Generator().manual_seed(7)
     grads = [
         [torch.randn(2, s + n - ks, 2, 8, generator=gen, dtype=torch.float64).to(dtype)

@@ -45,15 +45,16 @@ class _PrefixBuffers:
 
     Buffers hold positions ``[low, seq_len)``, laid out (batch, seq_len - low,
     n_kv_heads, head_dim), the layout varlen kernels consume, so a prefix is a
-    zero-copy slice. V keeps its own head dim (MLA's differs from K's). ``low`` is 0 for causal attention; with packed documents
+    zero-copy slice. ``low`` is 0 for causal attention; with packed documents
     it is the first key a later segment reads back. Gradients are banked for
     positions ``[low, grad_end)``: those a later segment can attend.
     """
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, low: int, seq_len: int, grad_end: int):
-        length = max(seq_len - low, 0)
-        self.k = k.new_empty((k.shape[0], length, *k.shape[2:]))
-        self.v = v.new_empty((v.shape[0], length, *v.shape[2:]))
+    def __init__(self, like: torch.Tensor, low: int, seq_len: int, grad_end: int):
+        batch, _, n_kv_heads, head_dim = like.shape
+        shape = (batch, max(seq_len - low, 0), n_kv_heads, head_dim)
+        self.k = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.v = torch.empty(shape, dtype=like.dtype, device=like.device)
         self.low = low
         self.grad_end = grad_end
         self.grad_k: torch.Tensor | None = None
@@ -96,7 +97,7 @@ class _PrefixBuffers:
         reach = max(min(end, self.grad_end), start)
         if self.grad_k is None:
             if own > 0:
-                self._open_bank(grad_k, grad_v, key_start, start)
+                self._open_bank(grad_k, key_start, start)
                 for bank, grad in ((self.grad_k, grad_k), (self.grad_v, grad_v)):
                     bank[:, key_start - self.low : start - self.low].copy_(grad[:, :own])
         elif reach > max(key_start, self.low):
@@ -113,26 +114,20 @@ class _PrefixBuffers:
             self.grad_k = self.grad_v = None
         return grad_k[:, own:], grad_v[:, own:]
 
-    def _open_bank(self, grad_k: torch.Tensor, grad_v: torch.Tensor, first: int, stop: int) -> None:
+    def _open_bank(self, like: torch.Tensor, first: int, stop: int) -> None:
         """fp32 (or wider) banks for positions ``[low, grad_end)``; the first write
         fills ``[first, stop)``, so only the rest starts at zero."""
         # bf16/fp16 gradients are summed over up to k segments: keep fp32.
-        dtype = grad_k.dtype if grad_k.dtype.itemsize >= 4 else torch.float32
+        dtype = like.dtype if like.dtype.itemsize >= 4 else torch.float32
         length = max(self.grad_end - self.low, 0)
-        self.grad_k, self.grad_v = (
-            torch.empty((grad.shape[0], length, *grad.shape[2:]), dtype=dtype, device=grad.device)
-            for grad in (grad_k, grad_v)
-        )
+        shape = (like.shape[0], length, *like.shape[2:])
+        self.grad_k = torch.empty(shape, dtype=dtype, device=like.device)
+        self.grad_v = torch.empty(shape, dtype=dtype, device=like.device)
         for bank in (self.grad_k, self.grad_v):
             if first > self.low:
                 bank[:, : first - self.low].zero_()
             if stop < self.grad_end:
                 bank[:, stop - self.low :].zero_()
-
-
-def _zeros_like_keys(buffer: torch.Tensor, length: int) -> torch.Tensor:
-    """Zero gradients for ``length`` positions of a (batch, positions, heads, dim) buffer."""
-    return buffer.new_zeros((buffer.shape[0], length, *buffer.shape[2:]))
 
 
 class _AttachToPrefix(torch.autograd.Function):
@@ -156,11 +151,12 @@ class _AttachToPrefix(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_k, grad_v):
-        length = ctx.end - ctx.key_start
+        like = ctx.buffers.k
+        shape = (like.shape[0], ctx.end - ctx.key_start, *like.shape[2:])
         if grad_k is None:
-            grad_k = _zeros_like_keys(ctx.buffers.k, length)
+            grad_k = torch.zeros(shape, dtype=like.dtype, device=like.device)
         if grad_v is None:
-            grad_v = _zeros_like_keys(ctx.buffers.v, length)
+            grad_v = torch.zeros(shape, dtype=like.dtype, device=like.device)
         own_k, own_v = ctx.buffers.take_grads(
             ctx.key_start, ctx.start, ctx.end, grad_k, grad_v
         )
@@ -195,12 +191,12 @@ class KVStore:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values the running segment attends, its own slice differentiable.
 
-        k: (batch, segment_len, n_kv_heads, head_dim), v the same with its own
-        head dim, for the running segment. Returns K and V of positions:
+        k, v: (batch, segment_len, n_kv_heads, head_dim) for the running segment.
+        Returns two (batch, end - key_start, n_kv_heads, head_dim) tensors:
         positions ``[key_start, end)`` with ``key_start`` 0 for causal
         attention and :attr:`SegmentDocuments.key_start` with documents.
         """
-        buffers, key_start, start = self._placed(layer, k, v)
+        buffers, key_start, start = self._placed(layer, k)
         views = _AttachToPrefix.apply(k, v, buffers, key_start, start, self)
         self.record_peak()
         return views
@@ -213,7 +209,7 @@ class KVStore:
         the segment attends, a function banking their gradients that returns
         the segment's own part, and the segment's documents (None if dense).
         """
-        buffers, key_start, start = self._placed(layer, k, v)
+        buffers, key_start, start = self._placed(layer, k)
         end = start + k.shape[1]
         if write:
             buffers.write(start, k, v)
@@ -227,9 +223,7 @@ class KVStore:
 
         return keys, values, bank, self.running.kernel_documents
 
-    def _placed(
-        self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[_PrefixBuffers, int, int]:
+    def _placed(self, layer: nn.Module, k: torch.Tensor) -> tuple[_PrefixBuffers, int, int]:
         """The running microbatch's buffers of ``layer``, the unit's first key and first position."""
         running = self.running
         if running is None:
@@ -248,7 +242,7 @@ class KVStore:
                     f"K/V of microbatch {microbatch} were freed before segment "
                     f"{segment} ran; segments must run in order"
                 )
-            buffers = _PrefixBuffers(k, v, running.keep_from, plan.seq_len, plan.offsets[-1])
+            buffers = _PrefixBuffers(k, running.keep_from, plan.seq_len, plan.offsets[-1])
             self._buffers[key] = buffers
         return buffers, running.key_start, plan.offsets[segment]
 

@@ -140,9 +140,9 @@ def unconvertible_layers(model: nn.Module) -> list[str]:
                 "layer carries a recurrent state from segment to segment, which Seq1F1B "
                 "does not pass on"
             )
-        elif _window(block, inner) is not None:
+        elif (window := _window(block, inner)) is not None:
             problems.append(
-                f"{where}: sliding-window attention ({_window(block, inner)}); "
+                f"{where}: sliding-window attention ({window}); "
                 "segment-aware attention reads every earlier key of the document"
             )
     return problems
