@@ -158,8 +158,9 @@ def attention_inputs(batch, n_heads, n_kv, seq_len, head_dim=8, seed=0):
     return (q, k, v), grad_out
 
 
-def compare_segmented(fn, inputs, grad_out, plan, family, rtol=EXACT):
-    """Segmented run == unsplit run (no unit active): outputs and every input grad."""
+def compare_segmented(fn, inputs, grad_out, plan, family, rtol=EXACT) -> KVStore:
+    """Segmented run == unsplit run (no unit active): outputs and every input grad.
+    Returns the segmented run's store, freed."""
     ref, ref_grads = output_and_grads(fn, inputs, grad_out)
     store = KVStore()
     out, grads = SegmentedRun(fn, inputs, plan, store, microbatch=0).run(grad_out)
@@ -167,6 +168,7 @@ def compare_segmented(fn, inputs, grad_out, plan, family, rtol=EXACT):
     assert_close(out, ref, family, rtol, what="out")
     for i, (g, rg) in enumerate(zip(grads, ref_grads)):
         assert_close(g, rg, family, rtol, what=f"grad of input {i}")
+    return store
 
 
 PLANS = {

@@ -27,11 +27,15 @@ FORWARD_CALLS: collections.Counter = collections.Counter()
 _LIBRARIES: list = []  # registrations live as long as their Library objects
 
 
-def _probabilities(q, k, scale):
-    """One sequence: q (Lq, H, D), k (Lk, H, D) -> bottom-right causal (scores, probabilities) (H, Lq, Lk)."""
+def _probabilities(q, k, scale, left=-1):
+    """One sequence: q (Lq, H, D), k (Lk, H, D) -> bottom-right causal (scores,
+    probabilities) (H, Lq, Lk); ``left`` >= 0: each query sees at most that many earlier keys."""
     q_len, k_len = q.shape[0], k.shape[0]
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    hidden = torch.arange(k_len)[None, :] > torch.arange(q_len)[:, None] + (k_len - q_len)
+    last = torch.arange(q_len)[:, None] + (k_len - q_len)
+    hidden = torch.arange(k_len)[None, :] > last
+    if left >= 0:
+        hidden |= torch.arange(k_len)[None, :] < last - left
     scores = scores.masked_fill(hidden, -math.inf)
     return scores, scores.softmax(-1)
 
@@ -42,20 +46,20 @@ def _heads(q, k, v, scale):
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), scale, groups
 
 
-def _attend(q, k, v, scale):
+def _attend(q, k, v, scale, left=-1):
     """One sequence: q (Lq, H, D), k, v (Lk, Hkv, D) -> (out (Lq, H, D), lse (H, Lq),
     float32 for half inputs)."""
     k, v, scale, _ = _heads(q, k, v, scale)
-    scores, p = _probabilities(q, k, scale)
+    scores, p = _probabilities(q, k, scale, left)
     lse = scores.logsumexp(-1).to(torch.promote_types(q.dtype, torch.float32))
     return torch.einsum("hqk,khd->qhd", p, v), lse
 
 
-def _attend_backward(grad, q, k, v, out, scale):
+def _attend_backward(grad, q, k, v, out, scale, left=-1):
     """Gradients of :func:`_attend`'s output, written out: a kernel runs below autograd.
     As the fused kernels do, it reads ``out`` (Lq, H, D) only for rowsum(grad * out)."""
     k_full, v_full, scale, groups = _heads(q, k, v, scale)
-    _, p = _probabilities(q, k_full, scale)
+    _, p = _probabilities(q, k_full, scale, left)
     grad_v = torch.einsum("hqk,qhd->khd", p, grad)
     grad_p = torch.einsum("qhd,khd->hqk", grad, v_full)
     row_dot = (grad * out).sum(-1).transpose(0, 1)[..., None]
@@ -98,22 +102,22 @@ def _sequences(cu_q, cu_k):
     return list(zip(cu_q.tolist(), cu_q.tolist()[1:], cu_k.tolist(), cu_k.tolist()[1:]))
 
 
-def _packed(q, k, v, cu_q, cu_k, scale):
+def _packed(q, k, v, cu_q, cu_k, scale, left=-1):
     """Tokens (T, H, D) with cumulative lengths -> out (Tq, H, D), lse (H, Tq)."""
     outs, lses = [], []
     for qs, qe, ks, ke in _sequences(cu_q, cu_k):
-        out, lse = _attend(q[qs:qe], k[ks:ke], v[ks:ke], scale)
+        out, lse = _attend(q[qs:qe], k[ks:ke], v[ks:ke], scale, left)
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
-def _packed_backward(grad, q, k, v, out, lse, cu_q, cu_k, scale):
-    _saved_as_computed((out, lse), _packed(q, k, v, cu_q, cu_k, scale))
+def _packed_backward(grad, q, k, v, out, lse, cu_q, cu_k, scale, left=-1):
+    _saved_as_computed((out, lse), _packed(q, k, v, cu_q, cu_k, scale, left))
     grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for qs, qe, ks, ke in _sequences(cu_q, cu_k):
         dq, dk, dv = _attend_backward(
-            grad[qs:qe], q[qs:qe], k[ks:ke], v[ks:ke], out[qs:qe], scale
+            grad[qs:qe], q[qs:qe], k[ks:ke], v[ks:ke], out[qs:qe], scale, left
         )
         grad_q[qs:qe], grad_k[ks:ke], grad_v[ks:ke] = dq, dk, dv
     return grad_q, grad_k, grad_v
@@ -162,15 +166,19 @@ def _efficient_backward(grad_out, query, key, value, bias, out, cu_seqlens_q, cu
 
 def _varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
             window_size=None, *unused):
-    assert is_causal or list(window_size) == [-1, 0]
+    assert is_causal or list(window_size)[1] == 0
     FORWARD_CALLS["_varlen_attn"] += 1
-    out, lse = _packed(query, key, value, cu_seq_q, cu_seq_k, scale)
+    left = -1 if window_size is None else window_size[0]
+    out, lse = _packed(query, key, value, cu_seq_q, cu_seq_k, scale, left)
     return out, lse, torch.zeros(2, dtype=torch.uint64)
 
 
 def _varlen_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
                      is_causal, rng_state, scale=None, window_size=None, *unused):
-    return _packed_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, scale)
+    left = -1 if window_size is None else window_size[0]
+    return _packed_backward(
+        grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, scale, left
+    )
 
 
 def register_cpu_kernels() -> None:
@@ -224,11 +232,14 @@ def _define_flash_attn_ops() -> None:
     )
 
     def check(dropout_p, causal, window_left, window_right, softcap, alibi_slopes):
-        assert dropout_p == 0.0 and causal and (window_left, window_right) == (-1, -1)
+        # A sliding window is (left, 0); -1 is unbounded.
+        assert dropout_p == 0.0 and causal and window_right in (-1, 0)
+        assert (window_left == -1) == (window_right == -1)
         assert softcap == 0.0 and alibi_slopes is None
 
     def dense(q, k, v, dropout_p, scale, causal, left, right, softcap, alibi, return_softmax):
         check(dropout_p, causal, left, right, softcap, alibi)
+        assert left == -1, "windowed layouts go through the varlen kernels"
         FORWARD_CALLS["_flash_attn_forward"] += 1
         out, lse = _dense(q, k, v, scale)
         return out, lse, q.new_empty(0), torch.zeros(2, dtype=torch.int64)
@@ -237,7 +248,7 @@ def _define_flash_attn_ops() -> None:
                softcap=0.0, alibi=None, return_softmax=False):
         check(dropout_p, causal, left, right, softcap, alibi)
         FORWARD_CALLS["_flash_attn_varlen_forward"] += 1
-        out, lse = _packed(q, k, v, cu_q, cu_k, scale)
+        out, lse = _packed(q, k, v, cu_q, cu_k, scale, left)
         return out, lse, q.new_empty(0), torch.zeros(2, dtype=torch.int64)
 
     def write(found, dq, dk, dv):
@@ -249,13 +260,15 @@ def _define_flash_attn_ops() -> None:
     def backward(dout, q, k, v, out, lse, dq, dk, dv, dropout_p, scale, causal, left, right,
                  softcap, alibi, deterministic, rng_state=None):
         check(dropout_p, causal, left, right, softcap, alibi)
+        assert left == -1, "windowed layouts go through the varlen kernels"
         return write(_dense_backward(dout, q, k, v, out, lse, scale), dq, dk, dv)
 
     def varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
                         dropout_p, scale, causal, left, right, softcap, alibi, deterministic,
                         rng_state=None):
         check(dropout_p, causal, left, right, softcap, alibi)
-        return write(_packed_backward(dout, q, k, v, out, lse, cu_q, cu_k, scale), dq, dk, dv)
+        grads = _packed_backward(dout, q, k, v, out, lse, cu_q, cu_k, scale, left)
+        return write(grads, dq, dk, dv)
 
     for name, kernel in (
         ("_flash_attn_forward", dense),
@@ -282,31 +295,31 @@ class _FlashFunc(torch.autograd.Function):
     """flash-attn's entry points as it writes them: a Function around its forward op."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, window=(-1, -1)):
         if cu_q is None:
             out, lse, *_ = torch.ops.flashattn._flash_attn_forward(
                 q, k, v, 0.0, scale, True, -1, -1, 0.0, None, False
             )
         else:
             out, lse, *_ = torch.ops.flashattn._flash_attn_varlen_forward(
-                q, k, v, cu_q, cu_k, max_q, max_k, 0.0, scale, True
+                q, k, v, cu_q, cu_k, max_q, max_k, 0.0, scale, True, *window
             )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.scale, ctx.max_q, ctx.max_k = scale, max_q, max_k
+        ctx.scale, ctx.max_q, ctx.max_k, ctx.window = scale, max_q, max_k, window
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         grads = [torch.empty(x.shape, dtype=x.dtype) for x in (q, k, v)]
-        fixed = (0.0, ctx.scale, True, -1, -1, 0.0, None, False)
+        fixed = (0.0, ctx.scale, True, *ctx.window, 0.0, None, False)
         if cu_q is None:
             torch.ops.flashattn._flash_attn_backward(grad, q, k, v, out, lse, *grads, *fixed)
         else:
             torch.ops.flashattn._flash_attn_varlen_backward(
                 grad, q, k, v, out, lse, *grads, cu_q, cu_k, ctx.max_q, ctx.max_k, *fixed
             )
-        return (*grads, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None)
 
 
 def _scale(q, softmax_scale):
@@ -322,8 +335,10 @@ def flash_attn_stand_in() -> FlashAttnBackend:
         return _FlashFunc.apply(q, k, v, None, None, None, None, _scale(q, softmax_scale))
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None,
-               causal=False, deterministic=False):
+               causal=False, deterministic=False, window_size=(-1, -1)):
         assert causal
-        return _FlashFunc.apply(q, k, v, cu_q, cu_k, max_q, max_k, _scale(q, softmax_scale))
+        return _FlashFunc.apply(
+            q, k, v, cu_q, cu_k, max_q, max_k, _scale(q, softmax_scale), tuple(window_size)
+        )
 
     return FlashAttnBackend(kernel=dense, varlen_kernel=varlen, interface=_flash_attn_interface())

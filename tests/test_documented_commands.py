@@ -33,6 +33,8 @@ OTHER_DOCUMENTS = [REPO / "benchmarks" / "README.md", REPO / "tests" / "README.m
 RUNNERS = ("torchrun ", "python -m torchtitan_seq1f1b", "python -m pytest")
 SET_UP = ("python3 -m venv", ". .venv", "pip install")
 SMOKE_SEQ_LEN = 256
+# Documented jobs that run a config of torchtitan's registries rather than ours.
+TORCHTITAN_CONFIGS = ("llama3_debugmodel",)
 
 
 def _without_set_up(line: str) -> str:
@@ -78,9 +80,11 @@ def smoke(command: str, scratch) -> list[str]:
     """argv of ``command`` at smoke size.
 
     torchrun jobs: 2 steps into a scratch dump folder of their own, per
-    command (one job's checkpoint would make the next resume from it); the plan
-    command: sequences of at most SMOKE_SEQ_LEN tokens; pytest: collection only (running
-    the suite from inside it would recurse).
+    command (one job's checkpoint would make the next resume from it), and
+    torchtitan's own configs (2048-token bf16 sequences, slow where a CPU has no
+    bf16 units) at SMOKE_SEQ_LEN tokens; the plan command: sequences of at most
+    SMOKE_SEQ_LEN tokens; pytest: collection only (running the suite from inside
+    it would recurse).
     """
     argv = shlex.split(command, comments=True)
     if argv[0] == "torchrun":
@@ -93,6 +97,8 @@ def smoke(command: str, scratch) -> list[str]:
                 "--rdzv_endpoint", "localhost:0", *argv[1:],
                 "--training.steps", "2",
                 dump_flag, str(scratch / "outputs" / _job_folder(config, command))]
+        if config in TORCHTITAN_CONFIGS:
+            argv += ["--training.seq_len", str(SMOKE_SEQ_LEN)]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     module = argv[2]

@@ -6,6 +6,8 @@
 import pytest
 import torch
 
+from torchtitan_seq1f1b.attention.packing import _on_token_grid
+from torchtitan_seq1f1b.check.counters import HostTransferCounter
 from torchtitan_seq1f1b.documents import (
     attention_pairs,
     check_document_ids,
@@ -101,3 +103,28 @@ def test_one_upload_gives_every_mixed_segment_its_packed_layout():
     assert layout.cu_seqlens_q.untyped_storage().data_ptr() == (
         mixed.segment(2).varlen.cu_seqlens_k.untyped_storage().data_ptr()
     )
+
+
+def test_sliding_window_layouts_go_up_in_the_same_copy_at_their_keys_stride():
+    """A window of 4 earlier keys: each query's keys start at max(document start, t - 4);
+    the op's keys (tail and own K/V, one contiguous tensor) find their layout uploaded."""
+    plan = SegmentPlan.from_lengths((5, 3, 4))
+    microbatch = MicrobatchDocuments(_ids((3, 5, 4), (12,)), plan)
+    upload_varlen_layouts([microbatch], torch.device("cpu"), windows=[4])
+    windowed = microbatch.segment(2, 4)
+    # Row 0's last document starts with the segment; row 1's window reaches back 4 keys.
+    assert (windowed.key_start, windowed.row_key_start) == (4, (8, 4))
+    assert windowed.bounds_k == ((0, 4), (0, 8))
+    visible = windowed.key_mask()[1, 0]  # row 1: one document, only the band
+    assert visible.tolist() == [[k <= q + 4 and k >= q for k in range(8)] for q in range(4)]
+    storage = microbatch.segment(1).varlen.cu_seqlens_q.untyped_storage().data_ptr()
+    for j in (1, 2):
+        layout = microbatch.segment(j, 4).varlen
+        keys = microbatch.segment(j, 4).end - microbatch.segment(j, 4).key_start
+        assert layout.key_row_stride == keys
+        assert layout.cu_seqlens_q.untyped_storage().data_ptr() == storage
+    q = torch.zeros(2, 4, 2, 8)
+    k = torch.zeros(2, 8, 1, 8)
+    with HostTransferCounter() as counter:
+        assert _on_token_grid(q, k, k, windowed)[3] is windowed.varlen
+    assert counter.uploads == 0

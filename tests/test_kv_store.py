@@ -15,6 +15,7 @@ from torchtitan_seq1f1b._torch_compat.dispatch_modes import TorchDispatchMode
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
 from torchtitan_seq1f1b.kv_store import _PrefixBuffers, KVStore, RunningUnit
+from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.harness import (
     assert_close,
@@ -69,6 +70,24 @@ def test_segmented_with_activation_checkpointing(kind):
     plan = PLANS["5-3-4"]
     inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=41)
     compare_segmented(fn, inputs, grad_out, plan, f"3 segmented {kind} + checkpoint")
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+def test_a_sliding_window_layer_keeps_only_what_later_windows_read(checkpointed):
+    """Segments 10/8/6, each query seeing 3 earlier keys: the store keeps each later
+    segment's 3-key tail instead of the 24-token sequence, and banks 3 positions of
+    gradient; recompute keeps no tail twice."""
+    plan = SegmentPlan.from_lengths((10, 8, 6))
+    layer = SegmentAwareAttention("sdpa", window_left=3)
+    inputs, grad_out = attention_inputs(2, 4, 2, plan.seq_len, seed=42)
+    fn = Checkpointed(layer) if checkpointed else layer
+    store = compare_segmented(fn, inputs, grad_out, plan, "window of 3, 3 segments")
+    position_bytes = 2 * 2 * 2 * 8 * 8  # k and v of one position: (B, Hkv, D) float64
+    # Two tails after the forwards; in segment 2's backward its tail gives way to the bank.
+    assert store.peak_bytes == 2 * 3 * position_bytes
+    # Without a window: the sequence, then gradients banked for the first 18 positions.
+    full = compare_segmented(SegmentAwareAttention("sdpa"), inputs, grad_out, plan, "no window")
+    assert full.peak_bytes == (24 + 18) * position_bytes
 
 
 def test_store_free_drops_only_that_microbatch():

@@ -16,6 +16,10 @@ ended before the segment starts are never read, and K/V that no later
 segment of the microbatch reads need not be kept for the next segments
 (:attr:`MicrobatchDocuments.keep_from`).
 
+A sliding-window layer lays segments out the same way, each query also
+seeing at most ``window_left`` keys before it (:meth:`MicrobatchDocuments.segment`);
+rows without documents are then one document each (:meth:`MicrobatchDocuments.whole_rows`).
+
 Layouts are built on the host from where documents start, read from the
 device once per step for all microbatches (:func:`read_document_starts`);
 the varlen metadata of every segment goes back in one upload
@@ -182,18 +186,27 @@ class SegmentDocuments:
     bounds_q: tuple[tuple[int, ...], ...]
     bounds_k: tuple[tuple[int, ...], ...]
     microbatch: "MicrobatchDocuments" = field(repr=False)
+    window_left: int | None = None
     varlen: PackedVarlen | None = field(default=None, repr=False)
 
     @classmethod
     def of(
-        cls, row_starts: Sequence[RowStarts], start: int, end: int, microbatch: "MicrobatchDocuments"
+        cls,
+        row_starts: Sequence[RowStarts],
+        start: int,
+        end: int,
+        microbatch: "MicrobatchDocuments",
+        window_left: int | None = None,
     ) -> "SegmentDocuments":
-        """From each row's document starts (host ints, ascending, 0 first)."""
+        """From each row's document starts (host ints, ascending, 0 first); with
+        ``window_left``, each query also sees at most that many keys before it."""
         row_key_start, bounds_q, bounds_k = [], [], []
         for starts in row_starts:
             first = bisect.bisect_right(starts, start) - 1
             inside = starts[first + 1 : bisect.bisect_left(starts, end)]
             key_base = starts[first]
+            if window_left is not None:
+                key_base = max(key_base, start - window_left)
             row_key_start.append(key_base)
             bounds_q.append((0, *(s - start for s in inside), end - start))
             bounds_k.append((0, *(s - key_base for s in inside), end - key_base))
@@ -205,14 +218,19 @@ class SegmentDocuments:
             bounds_q=tuple(bounds_q),
             bounds_k=tuple(bounds_k),
             microbatch=microbatch,
+            window_left=window_left,
         )
 
     @functools.cached_property
     def dense(self) -> bool:
-        """Every row's queries lie in one document that starts at ``key_start``:
-        plain bottom-right causal attention over the keys ``[key_start, end)``."""
-        return all(len(b) == 2 for b in self.bounds_q) and all(
-            s == self.key_start for s in self.row_key_start
+        """Every row's queries lie in one document that starts at ``key_start``, and
+        no window cuts a query's keys: plain bottom-right causal attention over
+        the keys ``[key_start, end)``."""
+        windowless = self.window_left is None or self.end - 1 - self.window_left <= self.key_start
+        return (
+            windowless
+            and all(len(b) == 2 for b in self.bounds_q)
+            and all(s == self.key_start for s in self.row_key_start)
         )
 
     @functools.cached_property
@@ -261,6 +279,8 @@ class SegmentDocuments:
         queries = torch.arange(self.start, self.end, device=keys.device)
         own_document = keys[None, None, :] >= query_doc_start[:, :, None]
         causal = keys[None, None, :] <= queries[None, :, None]
+        if self.window_left is not None:
+            causal = causal & (keys[None, None, :] >= queries[None, :, None] - self.window_left)
         return (own_document & causal)[:, None]
 
 
@@ -278,7 +298,9 @@ class MicrobatchDocuments:
     ids: torch.Tensor
     plan: SegmentPlan
     row_starts: list[RowStarts] | None = None
-    _segments: dict[int, SegmentDocuments] = field(init=False, repr=False, default_factory=dict)
+    _segments: dict[tuple[int, int | None], SegmentDocuments] = field(
+        init=False, repr=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if self.row_starts is None:
@@ -287,12 +309,18 @@ class MicrobatchDocuments:
                 raise ValueError(starts)
             self.row_starts = starts[0]
 
-    def segment(self, j: int) -> SegmentDocuments:
-        if j not in self._segments:
-            self._segments[j] = SegmentDocuments.of(
-                self.row_starts, self.plan.offsets[j], self.plan.ends[j], self
+    @classmethod
+    def whole_rows(cls, batch: int, plan: SegmentPlan, device: torch.device) -> "MicrobatchDocuments":
+        """Each row one document: causal attention, as sliding-window layers lay it out."""
+        return _whole_rows(batch, plan, torch.device(device))
+
+    def segment(self, j: int, window_left: int | None = None) -> SegmentDocuments:
+        """Segment ``j``'s layout; with ``window_left``, a sliding-window layer's."""
+        if (j, window_left) not in self._segments:
+            self._segments[j, window_left] = SegmentDocuments.of(
+                self.row_starts, self.plan.offsets[j], self.plan.ends[j], self, window_left
             )
-        return self._segments[j]
+        return self._segments[j, window_left]
 
     @functools.cached_property
     def device_starts(self) -> torch.Tensor:
@@ -323,18 +351,29 @@ class MicrobatchDocuments:
         return segment.end - segment.start
 
 
-def upload_varlen_layouts(microbatches: Sequence[MicrobatchDocuments], device: torch.device) -> None:
+@functools.lru_cache(maxsize=16)
+def _whole_rows(batch: int, plan: SegmentPlan, device: torch.device) -> MicrobatchDocuments:
+    ids = torch.zeros((batch, plan.seq_len), dtype=torch.int64, device=device)
+    return MicrobatchDocuments(ids, plan, [(0,)] * batch)
+
+
+def upload_varlen_layouts(
+    microbatches: Sequence[MicrobatchDocuments],
+    device: torch.device,
+    windows: Sequence[int] = (),
+) -> None:
     """Give every segment that is not :attr:`~SegmentDocuments.dense` its
-    :class:`PackedVarlen`, in one host-to-device copy for all of them."""
-    _upload(
-        [
-            (documents.segment(j), documents.key_row_stride(j))
-            for documents in microbatches
-            for j in range(len(documents.plan.lengths))
-            if not documents.segment(j).dense
-        ],
-        device,
-    )
+    :class:`PackedVarlen`, in one host-to-device copy for all of them; also its
+    layout under each sliding window in ``windows`` (``window_left`` values),
+    whose keys a kernel reads as one contiguous tensor."""
+    segments = []
+    for documents in microbatches:
+        for j in range(len(documents.plan.lengths)):
+            segments.append((documents.segment(j), documents.key_row_stride(j)))
+            for window_left in windows:
+                windowed = documents.segment(j, window_left)
+                segments.append((windowed, windowed.end - windowed.key_start))
+    _upload([(segment, stride) for segment, stride in segments if not segment.dense], device)
 
 
 def _upload(segments: list[tuple[SegmentDocuments, int]], device: torch.device) -> None:

@@ -24,10 +24,14 @@ Gradients flow back the other way: the backward of segment j yields dK/dV for
 the whole prefix; the part for earlier segments is accumulated in a gradient
 buffer and added to those segments' own dK/dV when their backward runs
 (segments of a microbatch run backward last-to-first on every stage).
+
+A sliding-window layer (``window_left`` set) keeps less: per later segment,
+only the keys before it that its window reaches, and a gradient bank of as
+many positions (:class:`_WindowTails`).
 """
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +134,72 @@ class _PrefixBuffers:
                 bank[:, stop - self.low :].zero_()
 
 
+class _WindowTails:
+    """K/V of one sliding-window attention layer for one microbatch.
+
+    Segment j attends the keys ``[key_start_j, end_j)``: its tail ``[key_start_j,
+    start_j)``, at most ``window_left`` positions copied when segment j - 1 ran, then
+    its own K/V, which the registered op saves. So a layer keeps per microbatch
+    one tail per segment instead of the whole sequence; each goes when its
+    segment's backward has run. Tail gradients are banked for the earlier
+    segments' backward, again at most ``window_left`` positions.
+    """
+
+    def __init__(self):
+        self.tails: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.next_tail = 1  # recompute must not take a tail again once its segment ran
+        self.bank_start = 0
+        self.bank: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        kept = [x for pair in (*self.tails.values(), self.bank or ()) for x in pair]
+        return sum(x.nbytes for x in kept)
+
+    def attended(self, segment: int, k: torch.Tensor, v: torch.Tensor):
+        """Keys and values segment ``segment`` attends: its tail, then its own k and v."""
+        tail = self.tails.get(segment)
+        if tail is None:
+            return k, v
+        return torch.cat((tail[0], k), dim=1), torch.cat((tail[1], v), dim=1)
+
+    def keep_tail(self, segment: int, cut: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Keep ``keys[:, cut:]`` (and values') as the tail of ``segment``: the attended
+        keys of the segment before it from its own first key on."""
+        if segment < self.next_tail:
+            return
+        self.next_tail = segment + 1
+        if cut < keys.shape[1]:
+            self.tails[segment] = (keys[:, cut:].clone(), values[:, cut:].clone())
+
+    def take_grads(
+        self, segment: int, key_start: int, start: int, grad_k: torch.Tensor, grad_v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bank the tail part of a segment's key gradients, add what the later segment
+        banked, return the segment's own part.
+
+        grad_k/grad_v: (batch, end - key_start, n_kv_heads, head_dim), gradients of
+        the keys ``[key_start, end)`` segment ``segment`` (from ``start``) attended.
+        """
+        self.tails.pop(segment, None)
+        own, lo = start - key_start, self.bank_start - key_start
+        kept = []
+        for grad, banked in zip((grad_k, grad_v), self.bank or (None, None)):
+            # bf16/fp16 gradients are summed over segments: keep fp32.
+            dtype = grad.dtype if grad.dtype.itemsize >= 4 else torch.float32
+            tail = grad[:, :own].to(dtype, copy=True)
+            if banked is not None:
+                # The bank holds keys [bank_start, start): from index lo of these.
+                first_own = max(lo, own)
+                grad[:, first_own:].copy_(grad[:, first_own:] + banked[:, first_own - lo :])
+                if lo < own:
+                    tail[:, lo:] += banked[:, : own - lo]
+            kept.append(tail)
+        self.bank = tuple(kept) if own > 0 else None
+        self.bank_start = key_start
+        return grad_k[:, own:], grad_v[:, own:]
+
+
 class _AttachToPrefix(torch.autograd.Function):
     """Write a segment's K/V into its microbatch's buffers; return the keys it attends.
 
@@ -168,7 +238,7 @@ class KVStore:
     """K/V prefixes of one pipeline stage, keyed by (attention layer, microbatch)."""
 
     def __init__(self):
-        self._buffers: dict[tuple[nn.Module, int], _PrefixBuffers] = {}
+        self._buffers: dict[tuple[nn.Module, int], _PrefixBuffers | _WindowTails] = {}
         self.peak_bytes = 0
         self.running: RunningUnit | None = None
 
@@ -208,7 +278,10 @@ class KVStore:
         backward) the buffers already hold them. Returns the keys and values
         the segment attends, a function banking their gradients that returns
         the segment's own part, and the segment's documents (None if dense).
+        A layer with a ``window_left`` keeps and reads only its window's keys.
         """
+        if getattr(layer, "window_left", None) is not None:
+            return self._window_prefix(layer, k, v, write)
         buffers, key_start, start = self._placed(layer, k)
         end = start + k.shape[1]
         if write:
@@ -223,28 +296,59 @@ class KVStore:
 
         return keys, values, bank, self.running.kernel_documents
 
+    def _window_prefix(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor, write: bool):
+        """:meth:`prefix` of a sliding-window layer (see :class:`_WindowTails`)."""
+        running = self._checked_running(k)
+        plan, (_, segment) = running.plan, running.unit
+        tails = self._layer_buffers(layer, _WindowTails)
+        layout = running.window_documents(layer.window_left, k)
+        keys, values = tails.attended(segment, k, v)
+        if write and segment + 1 < len(plan.lengths):
+            following = running.window_documents(layer.window_left, k, segment + 1)
+            tails.keep_tail(segment + 1, following.key_start - layout.key_start, keys, values)
+            self.record_peak()
+
+        def bank(grad_k: torch.Tensor, grad_v: torch.Tensor):
+            own = tails.take_grads(segment, layout.key_start, layout.start, grad_k, grad_v)
+            self.record_peak()
+            return own
+
+        return keys, values, bank, None if layout.dense else layout
+
     def _placed(self, layer: nn.Module, k: torch.Tensor) -> tuple[_PrefixBuffers, int, int]:
         """The running microbatch's buffers of ``layer``, the unit's first key and first position."""
+        running = self._checked_running(k)
+        plan = running.plan
+        buffers = self._layer_buffers(
+            layer, lambda: _PrefixBuffers(k, running.keep_from, plan.seq_len, plan.offsets[-1])
+        )
+        return buffers, running.key_start, plan.offsets[running.unit.segment]
+
+    def _checked_running(self, k: torch.Tensor) -> "RunningUnit":
+        """The running unit, once ``k`` is checked to be its segment's."""
         running = self.running
         if running is None:
             raise RuntimeError("KVStore.attach needs a running unit (see running_unit)")
-        plan, (microbatch, segment) = running.plan, running.unit
+        plan, segment = running.plan, running.unit.segment
         if k.shape[1] != plan.lengths[segment]:
             raise ValueError(
                 f"segment {segment} of {plan} has {plan.lengths[segment]} tokens but "
                 f"attention received {k.shape[1]}; inputs must be cut with this plan"
             )
-        key = (layer, microbatch)
-        buffers = self._buffers.get(key)
+        return running
+
+    def _layer_buffers(self, layer: nn.Module, create: Callable):
+        """``layer``'s buffers for the running microbatch, created by its first segment."""
+        microbatch, segment = self.running.unit
+        buffers = self._buffers.get((layer, microbatch))
         if buffers is None:
             if segment != 0:
                 raise RuntimeError(
                     f"K/V of microbatch {microbatch} were freed before segment "
                     f"{segment} ran; segments must run in order"
                 )
-            buffers = _PrefixBuffers(k, running.keep_from, plan.seq_len, plan.offsets[-1])
-            self._buffers[key] = buffers
-        return buffers, running.key_start, plan.offsets[segment]
+            buffers = self._buffers[layer, microbatch] = create()
+        return buffers
 
     def record_peak(self) -> None:
         self.peak_bytes = max(self.peak_bytes, self.nbytes)
@@ -283,6 +387,16 @@ class RunningUnit:
         """The documents a kernel must mask by: None when the segment is dense."""
         documents = self.segment_documents
         return None if documents is None or documents.dense else documents
+
+    def window_documents(
+        self, window_left: int, like: torch.Tensor, segment: int | None = None
+    ) -> SegmentDocuments:
+        """A sliding-window layer's layout of ``segment`` (default: the unit's), its
+        rows each one document when the microbatch has none; ``like``: a (batch, ...) tensor."""
+        documents = self.documents
+        if documents is None:
+            documents = MicrobatchDocuments.whole_rows(like.shape[0], self.plan, like.device)
+        return documents.segment(self.unit.segment if segment is None else segment, window_left)
 
     @property
     def key_start(self) -> int:

@@ -40,7 +40,7 @@ from torchtitan_seq1f1b._torch_compat import (
     wrap_stage_compute,
 )
 from torchtitan_seq1f1b.actions import Order
-from torchtitan_seq1f1b.attention import bind_attention
+from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
 from torchtitan_seq1f1b.documents import MicrobatchDocuments, upload_varlen_layouts
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.orders import (
@@ -296,7 +296,7 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
                 MicrobatchDocuments(ids, self.segment_plan, starts)
                 for ids, starts in zip(inputs.document_ids, inputs.document_starts)
             ]
-            upload_varlen_layouts(documents, self._stages[0].device)
+            upload_varlen_layouts(documents, self._stages[0].device, self._windows())
         self._unit_scope.documents = documents
         split, device = self._splitter, self._stages[0].device
         arg_units = [u for mb in inputs.args for u in split.split_args(mb)]
@@ -314,6 +314,14 @@ class ScheduleSeq1F1B(_PipelineScheduleRuntime):
             if stage.is_last and return_outputs:
                 return split.merge_outputs(stage.output_chunks, self._output_merge_spec)
         return None
+
+    def _windows(self) -> list[int]:
+        """The sliding windows (``window_left``) of this rank's attention layers."""
+        layers = (m for stage in self._stages for m in stage.submod.modules())
+        return sorted({
+            m.window_left for m in layers
+            if isinstance(m, SegmentAwareAttention) and m.window_left is not None
+        })
 
     def _normalizer_for(self, targets: list[torch.Tensor]) -> float | torch.Tensor:
         if self.loss_normalizer is not None:

@@ -61,7 +61,7 @@ class _SDPAOn(SDPABackend):
     def __init__(self, kernel: str):
         self._kernel = kernel
 
-    def kernel(self, q):
+    def device_kernel(self, q):
         return self._kernel
 
 
@@ -228,9 +228,9 @@ def test_every_gpu_kernel_runs_as_the_op_exactly(kernel, documents, compile_bloc
 class _WithSinks(nn.Module):
     """q, k, v (batch, L, heads, head_dim) -> attention with per-head sinks, as gpt_oss's."""
 
-    def __init__(self, backend: AttentionBackend):
+    def __init__(self, backend: AttentionBackend, window_left: int | None = None):
         super().__init__()
-        self.attention = SegmentAwareAttention(backend)
+        self.attention = SegmentAwareAttention(backend, window_left=window_left)
         gen = torch.Generator().manual_seed(30)
         self.sinks = nn.Parameter(torch.randn(HEADS, generator=gen, dtype=torch.float64))
 
@@ -238,34 +238,44 @@ class _WithSinks(nn.Module):
         return self.attention.attend(q, k, v, 0.4, self.sinks)
 
 
-def _attention_with_sink_key(q, k, v, sinks, ids):
-    """Softmax over each query's visible keys (causal, own document) and one more,
-    zero-valued key of logit sinks[h]: q (B, L, H, D), k, v (B, L, Hkv, D), ids (B, L)."""
+def _attention_with_sink_key(q, k, v, sinks, ids, window_left=None):
+    """Softmax over each query's visible keys (causal, own document, within
+    ``window_left`` keys before it) and one more, zero-valued key of logit sinks[h]:
+    q (B, L, H, D), k, v (B, L, Hkv, D), ids (B, L)."""
     groups = q.shape[2] // k.shape[2]
     k, v = (x.repeat_interleave(groups, dim=2) for x in (k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.4
-    visible = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril() & (ids[:, :, None] == ids[:, None, :])
+    causal = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()
+    if window_left is not None:
+        causal &= torch.ones_like(causal).triu(-window_left)
+    visible = causal & (ids[:, :, None] == ids[:, None, :])
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     sink = sinks[None, :, None, None].expand(*scores.shape[:3], 1)
     probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
     return torch.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
+@pytest.mark.parametrize("window_left", [None, 3, 9], ids=["full", "window3", "window9"])
 @pytest.mark.parametrize("documents", [False, True], ids=["dense", "documents"])
 @pytest.mark.parametrize("kernel", ["cpu_flash", *KERNEL_OPS])
-def test_attention_sinks_segmented_match_a_zero_valued_sink_key(kernel, documents):
-    """gpt_oss's sinks, out * sigmoid(lse - sinks), on every kernel: outputs and the
-    gradients of q, k, v and the sinks, 3 uneven segments against the unsplit formula."""
+def test_sinks_and_windows_segmented_match_the_unsplit_formula(kernel, documents, window_left):
+    """gpt_oss's attention: sinks, out * sigmoid(lse - sinks), with or without a sliding
+    window, on every kernel: outputs and the gradients of q, k, v and the sinks, 3
+    uneven segments against the unsplit formula. A window of 9 keys reaches back
+    across two segment borders, one of 3 only into the segment before."""
     plan = SegmentPlan.from_lengths((10, 8, 6))
-    layer = _WithSinks(SDPABackend() if kernel == "cpu_flash" else _kernel_backend(kernel))
+    backend = SDPABackend() if kernel == "cpu_flash" else _kernel_backend(kernel)
+    layer = _WithSinks(backend, window_left)
     gen = torch.Generator().manual_seed(31)
     q, grad_out = (torch.randn(BATCH, 24, HEADS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in "qg")
     k, v = (torch.randn(BATCH, 24, KV_HEADS, HEAD_DIM, generator=gen, dtype=torch.float64) for _ in "kv")
     ids = torch.tensor([[0] * 7 + [1] * 12 + [2] * 5, [0] * 24]) if documents else torch.zeros(BATCH, 24, dtype=torch.long)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     sinks = layer.sinks.detach().clone().requires_grad_()
-    expected = _attention_with_sink_key(*leaves, sinks, ids)
+    expected = _attention_with_sink_key(*leaves, sinks, ids, window_left)
     expected.backward(grad_out)
+    if not documents:  # unsplit, outside any unit
+        torch.testing.assert_close(layer(q, k, v), expected, rtol=1e-10, atol=1e-12)
     store = KVStore()
     out, grads = SegmentedRun(
         layer, [q, k, v], plan, store, document_ids=ids if documents else None

@@ -139,7 +139,7 @@ def test_kernel_op_check_runs_the_math_kernel_and_fails_with_a_wrong_logsumexp(
 ):
     """The op's path on CUDA float64 (masked math) passes on CPU; its backward reads
     the forward's logsumexp, so a wrong one fails every op row."""
-    monkeypatch.setattr(SDPABackend, "kernel", lambda self, q: "math")
+    monkeypatch.setattr(SDPABackend, "device_kernel", lambda self, q: "math")
     code, rows = _kernel_op_rows(capsys)
     assert code == 0 and all(" PASS " in row for row in rows), rows
     forward = exact.math_forward

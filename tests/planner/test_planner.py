@@ -100,7 +100,7 @@ def test_causal_pairs_add_up_over_any_split():
 def test_time_partition_equalises_predicted_time_not_flops():
     # Attention priced 20x its FLOP share: "time" must give late segments fewer tokens
     # than FLOP balancing does.
-    per_token, per_query_key = SHAPE.flop_rates()
+    per_token, per_query_key = SHAPE.token_flops(), SHAPE.pair_rates()[0]
     model = _model(per_token=per_token * 1e-12, per_pair=20 * per_query_key * 1e-12)
     timed = segment_plan("time", 4096, 4, SHAPE, model, SHAPE.n_layers)
     flops = segment_plan("balanced", 4096, 4, SHAPE, model, SHAPE.n_layers)

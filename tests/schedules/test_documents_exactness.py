@@ -17,9 +17,11 @@ document ids through ``document_ids_kwarg`` on every rank. Layouts (seq_len
 Each case compares gradients, per-microbatch losses and eval logits (rtol
 1e-10) and each stage's K/V store peak with what its order must hold when
 only the keys a later segment reads back are kept. Backward runs on a fresh
-thread, as on CUDA.
+thread, as on CUDA. Sliding windows (every other layer, as gpt_oss) run
+against a banded explicit mask, and their stages keep less than full ones.
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -84,8 +86,10 @@ def _case_id(case: Case) -> str:
 
 @pytest.fixture(scope="module")
 def pipeline_runs():
-    per_rank = run_ranks(pipelined_cases, 2, CASES, timeout=900)
-    return {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
+    """Every case of this module, sliding windows included, in one launch."""
+    cases = CASES + WINDOW_CASES
+    per_rank = run_ranks(pipelined_cases, 2, cases, timeout=900)
+    return {case: [rank[i] for rank in per_rank] for i, case in enumerate(cases)}
 
 
 def test_grid_covers_every_schedule_and_checkpointing_mode():
@@ -94,9 +98,9 @@ def test_grid_covers_every_schedule_and_checkpointing_mode():
     assert {c.n_kv_heads for c in CASES} == {2, 4}
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_matches_block_causal_reference(pipeline_runs, case):
-    ranks = pipeline_runs[case]
+def _assert_matches_reference(ranks: list[dict], case: Case) -> None:
+    """Gradients, per-microbatch losses and eval logits equal the unsplit reference's,
+    and every store is empty after the step and after eval."""
     ref = reference(case)
     grads = {n: g for rank in ranks for n, g in rank["grads"].items()}
     assert grads.keys() == ref["grads"].keys()
@@ -108,6 +112,13 @@ def test_matches_block_causal_reference(pipeline_runs, case):
     torch.testing.assert_close(last["logits"], ref["logits"], rtol=RTOL, atol=ATOL)
     for rank in ranks:
         assert rank["kv_left_after_step"] == 0 and rank["kv_left_after_eval"] == 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_matches_block_causal_reference(pipeline_runs, case):
+    ranks = pipeline_runs[case]
+    _assert_matches_reference(ranks, case)
+    for rank in ranks:
         for stage, peak in rank["kv_peak_bytes"].items():
             num_stages = len(ranks) * case.stages_per_rank
             assert peak == expected_kv_peak_bytes(case, rank["segment_order"], stage, num_stages)
@@ -120,6 +131,33 @@ def test_documents_keep_less_kv_than_causal(pipeline_runs):
     for rank in pipeline_runs[case]:
         for stage, peak in rank["kv_peak_bytes"].items():
             assert peak < expected_kv_peak_bytes(causal, rank["segment_order"], stage, 2)
+
+
+# Sliding windows (every other layer) of 5 earlier keys, crossing segment borders, with
+# and without documents. The reference masks the band explicitly.
+WINDOW_CASES = [
+    Case(2, PLANS["uneven"], n_kv_heads=2, window_left=5),
+    Case(2, PLANS["uneven"], documents=LAYOUTS["crossing"], n_kv_heads=2, window_left=5,
+         activation_checkpoint="full"),
+    Case(3, PLANS["uneven"], documents=LAYOUTS["crossing"], n_kv_heads=2, window_left=5,
+         activation_checkpoint="selective_op", schedule="InterleavedSeq1F1B", stages_per_rank=2),
+]
+
+
+@pytest.mark.parametrize(
+    "case", WINDOW_CASES, ids=["Seq1F1B-causal", "Seq1F1B-crossing-ac_full", "Interleaved-crossing"]
+)
+def test_sliding_windows_match_the_banded_reference_and_keep_less(pipeline_runs, case):
+    ranks = pipeline_runs[case]
+    _assert_matches_reference(ranks, case)
+    full = dataclasses.replace(case, window_left=None)
+    num_stages = len(ranks) * case.stages_per_rank
+    for rank in ranks:
+        for stage, peak in rank["kv_peak_bytes"].items():
+            expected = expected_kv_peak_bytes(full, rank["segment_order"], stage, num_stages)
+            layers = range(stage * case.n_layers // num_stages, (stage + 1) * case.n_layers // num_stages)
+            windowed = any(layer in case.model_args.window_layers for layer in layers)
+            assert peak < expected if windowed else peak == expected, f"stage {stage}"
 
 
 def test_comparison_fails_without_the_document_mask():

@@ -1,6 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
+import dataclasses
 import random
 
 import pytest
@@ -52,7 +53,7 @@ def test_keys_per_query_is_a_direct_count_of_the_document_mask():
 def test_from_keys_counts_masked_pairs_per_span():
     ids = random_ids(4, 64, seed=2)
     cost = PackedDocumentsCost.from_keys(SMALL, keys_per_query(ids))
-    per_token, per_pair = SMALL.flop_rates()
+    per_token, per_pair = SMALL.token_flops(), SMALL.pair_rates()[0]
     keys = keys_per_query(ids)
     for start, end in [(0, 64), (0, 1), (10, 37), (63, 64)]:
         pairs = int(keys[:, start:end].sum())
@@ -60,6 +61,18 @@ def test_from_keys_counts_masked_pairs_per_span():
         assert cost.forward_flops(end - start, end) == (
             (end - start) * per_token + cost.attention_flops(end - start, end)
         )
+
+
+def test_from_keys_caps_a_sliding_window_layers_keys():
+    ids = random_ids(4, 64, seed=3)
+    windowed = dataclasses.replace(SMALL, window_layers=1, window=6)
+    cost = PackedDocumentsCost.from_keys(windowed, keys_per_query(ids))
+    full, in_window = windowed.pair_rates()
+    keys = keys_per_query(ids)
+    for start, end in [(0, 64), (10, 37), (63, 64)]:
+        pairs = int(keys[:, start:end].sum())
+        capped = int(keys[:, start:end].clamp(max=6).sum())
+        assert cost.attention_flops(end - start, end) == round((full * pairs + in_window * capped) / 4)
 
 
 @pytest.mark.parametrize("k,align", [(2, 1), (4, 1), (4, 128), (7, 64), (8, 8)])

@@ -69,6 +69,23 @@ def test_forward_flops_with_own_head_dims_and_experts_match_a_direct_count():
     assert sum(plan.segment_flops(cost)) == cost.forward_flops(16, 16)
 
 
+def test_sliding_window_layers_count_only_the_keys_inside_the_window():
+    """gpt_oss-like: 2 of 4 layers see at most 5 keys (themselves included)."""
+    shape = dict(n_layers=4, dim=16, n_heads=4, n_kv_heads=2, ffn_hidden_dim=8, vocab_size=10)
+    full = TransformerCost(**shape)
+    windowed = TransformerCost(**shape, window_layers=2, window=5)
+    per_layer_pair = 2 * 4 * (4 + 4)
+    for start, end in [(0, 3), (0, 16), (2, 9), (11, 16)]:
+        causal = sum(t + 1 for t in range(start, end))
+        inside = sum(min(t + 1, 5) for t in range(start, end))
+        assert windowed.attention_flops(end - start, end) == per_layer_pair * 2 * (causal + inside)
+        assert full.attention_flops(end - start, end) == per_layer_pair * 4 * causal
+    plan = SegmentPlan.from_lengths([5, 9, 2])
+    assert sum(plan.segment_flops(windowed)) == windowed.forward_flops(16, 16)
+    with pytest.raises(ValueError, match="window=0 must be a positive int"):
+        TransformerCost(**shape, window_layers=1)
+
+
 @pytest.mark.parametrize("cost", [PAPER_7B, LLAMA3_8B])
 @pytest.mark.parametrize(
     "length,end", [(1, 1), (1, 32768), (6215, 32768), (32768, 32768), (777, 1000)]

@@ -15,12 +15,14 @@ import torch.nn.attention.varlen  # noqa: F401 - registers torch_attn ops
 __all__ = ["varlen_attn_backward"]
 
 
-def varlen_attn_backward(grad, q, k, v, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, scale):
-    """(dq, dk, dv) of ``varlen_attn(..., window_size=(-1, 0))`` on packed (tokens, heads,
+def varlen_attn_backward(
+    grad, q, k, v, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, scale, window=(-1, 0)
+):
+    """(dq, dk, dv) of ``varlen_attn(..., window_size=window)`` on packed (tokens, heads,
     head_dim) inputs; lse (heads, tokens_q) as the forward returned it."""
     # torch's forward returns this fixed state: it runs without dropout.
     rng_state = torch.zeros((2,), dtype=torch.uint64, device=q.device)
     return torch.ops.torch_attn._varlen_attn_backward(
         grad, q, k, v, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, True, rng_state,
-        scale=scale, window_size=[-1, 0],
+        scale=scale, window_size=list(window),
     )

@@ -19,6 +19,7 @@ from torchtitan_seq1f1b.attention.cuda_mem_efficient import (
     mem_efficient_requirements,
 )
 from torchtitan_seq1f1b.attention.math_kernel import math_backward, math_forward
+from torchtitan_seq1f1b.documents import SegmentDocuments
 from torchtitan_seq1f1b.attention.packing import (
     per_document,
     per_document_backward,
@@ -54,9 +55,17 @@ class SDPABackend(AttentionBackend):
     def runs_as_op(self) -> bool:
         return True
 
-    def kernel(self, q: torch.Tensor) -> str:
+    def kernel(self, q: torch.Tensor, documents: SegmentDocuments | None = None) -> str:
         """Which kernel :meth:`forward` and :meth:`backward` run on ``q``: "cpu_flash",
-        "mem_efficient" (once per document with packed documents) or "math"."""
+        "mem_efficient" (once per document with packed documents) or "math" (also for
+        a sliding window, which the memory-efficient kernel's causal mask lacks)."""
+        kernel = self.device_kernel(q)
+        if kernel == "mem_efficient" and documents is not None and documents.window_left is not None:
+            return "math"
+        return kernel
+
+    def device_kernel(self, q: torch.Tensor) -> str:
+        """The kernel for ``q``'s device and dtype, sliding windows aside."""
         if q.device.type == "cpu":
             return "cpu_flash"
         if not mem_efficient_requirements(KernelTarget.of(q)):
@@ -64,7 +73,7 @@ class SDPABackend(AttentionBackend):
         return "math"
 
     def forward(self, q, k, v, scale, documents):
-        kernel = self.kernel(q)
+        kernel = self.kernel(q, documents)
         if kernel == "cpu_flash":
             out, lse = cpu_flash_forward(*_heads_first(q, k, v), scale, documents)
             out = out.transpose(1, 2)
@@ -77,7 +86,7 @@ class SDPABackend(AttentionBackend):
         return out.contiguous(), lse.contiguous()
 
     def backward(self, grad, q, k, v, out, lse, scale, documents):
-        kernel = self.kernel(q)
+        kernel = self.kernel(q, documents)
         if kernel == "cpu_flash":
             grads = cpu_flash_backward(*_heads_first(grad, q, k, v, out), lse, scale, documents)
             return tuple(g.transpose(1, 2) for g in grads)
@@ -92,7 +101,7 @@ class SDPABackend(AttentionBackend):
     def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)
         q_len, k_len = q.shape[1], k.shape[1]
-        if self.kernel(q) == "mem_efficient":
+        if self.kernel(q, documents) == "mem_efficient":
             if documents is not None:
                 return per_document(lower_right_causal_attention_cuda, q, k, v, scale, documents)
             return lower_right_causal_attention_cuda(q, k, v, scale)

@@ -19,6 +19,7 @@ from torchtitan_seq1f1b.attention.packing import (
     packed_varlen_backward,
     packed_varlen_forward,
 )
+from torchtitan_seq1f1b.documents import SegmentDocuments
 
 __all__ = ["FlashAttnBackend"]
 
@@ -30,7 +31,8 @@ class FlashAttnBackend(AttentionBackend):
     key lengths differ, runs GQA natively and takes batch-strided inputs, so
     the prefix views go in as they are. With packed documents all rows go
     through one ``flash_attn_varlen_func`` call with per-document
-    ``cu_seqlens`` (its causal mask is bottom-right per document too).
+    ``cu_seqlens`` (its causal mask is bottom-right per document too), as do
+    sliding windows, with ``window_size=(window_left, 0)``.
 
     As the registered op it calls the forward and backward ops behind those
     entry points (``flash_attn.flash_attn_interface``, flash-attn >= 2.7).
@@ -108,15 +110,16 @@ class FlashAttnBackend(AttentionBackend):
 
             def varlen(q_tokens, k_tokens, v_tokens, cu_q, cu_k, max_q, max_k):
                 return self.interface._wrapped_flash_attn_varlen_forward(
-                    q_tokens, k_tokens, v_tokens, cu_q, cu_k, max_q, max_k, 0.0, scale, True
+                    q_tokens, k_tokens, v_tokens, cu_q, cu_k, max_q, max_k, 0.0, scale, True,
+                    *_window(documents),
                 )[:2]
 
             out, lse = packed_varlen_forward(varlen, q, k, v, documents)
         return out.contiguous(), lse.contiguous()
 
     def backward(self, grad, q, k, v, out, lse, scale, documents):
-        # Window (-1, -1), no softcap, no ALiBi, no dropout (so no random state).
-        fixed = (-1, -1, 0.0, None, torch.are_deterministic_algorithms_enabled(), None)
+        # The documents' window, no softcap, no ALiBi, no dropout (so no random state).
+        fixed = (*_window(documents), 0.0, None, torch.are_deterministic_algorithms_enabled(), None)
         if documents is None:
             grads = _new_grads(q, k, v)
             self.interface._wrapped_flash_attn_backward(
@@ -148,9 +151,17 @@ class FlashAttnBackend(AttentionBackend):
             return self.varlen_kernel(
                 q_row, k_row, v_row, cu_q, cu_k, max_q, max_k,
                 dropout_p=0.0, softmax_scale=scale, causal=True, deterministic=deterministic,
+                window_size=_window(documents),
             )
 
         return packed_varlen(varlen, q, k, v, documents)
+
+
+def _window(documents: SegmentDocuments | None) -> tuple[int, int]:
+    """flash-attn's (window_size_left, window_size_right): -1 is unbounded."""
+    if documents is None or documents.window_left is None:
+        return -1, -1
+    return documents.window_left, 0
 
 
 def _new_grads(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,9 +8,11 @@ takes q, k, v after RoPE and the head split). Inside a Seq1F1B unit it lets the
 running segment attend to the K/V of all earlier segments of its microbatch
 (with packed documents: of its own documents); anywhere else it is plain
 causal attention over the sequence it is given, so the same model also trains
-unsplit. A schedule binds each stage's attention layers to that stage's
-:class:`KVStore` (:func:`bind_attention`), which says which unit is running;
-:func:`bind_documents` gives an unsplit model packed documents.
+unsplit. With ``window_left`` it is sliding-window attention, reading and
+keeping only the keys inside the window. A schedule binds each stage's
+attention layers to that stage's :class:`KVStore` (:func:`bind_attention`),
+which says which unit is running; :func:`bind_documents` gives an unsplit
+model packed documents.
 """
 
 from collections.abc import Callable
@@ -38,12 +40,23 @@ class SegmentAwareAttention(nn.Module):
             fp16/bf16; exact SDPA otherwise), "flash", "varlen", "sdpa", or an
             ``AttentionBackend`` instance.
         scale: softmax scale; ``None`` means 1/sqrt(head_dim).
+        window_left: sliding-window attention: each query sees itself and at
+            most this many keys before it (flash-attn's ``window_size[0]``);
+            ``None``: every earlier key of its document.
     """
 
-    def __init__(self, backend: str | AttentionBackend = "auto", scale: float | None = None):
+    def __init__(
+        self,
+        backend: str | AttentionBackend = "auto",
+        scale: float | None = None,
+        window_left: int | None = None,
+    ):
         super().__init__()
+        if window_left is not None and window_left < 0:
+            raise ValueError(f"window_left must be >= 0 or None, got {window_left}")
         self.backend = resolve_backend(backend) if isinstance(backend, str) else backend
         self.scale = scale
+        self.window_left = window_left
         # Stands for this layer inside compiled graphs (segment_op): an input, not a constant.
         self.register_buffer("handle", torch.empty(0), persistent=False)
         self.bind(None)
@@ -120,13 +133,15 @@ class SegmentAwareAttention(nn.Module):
     ) -> torch.Tensor:
         # Compiled blocks call the op, so that dynamo traces nothing of the store. Eager
         # attention attends to views of the K/V buffers, which autograd then saves: the
-        # op saves the segment's own k and v besides. Sinks need the op's backward.
-        if sinks is not None and not self.backend.runs_as_op():
+        # op saves the segment's own k and v besides. Sinks need the op's backward,
+        # sliding windows its store of window tails.
+        needs_op = sinks is not None or self.window_left is not None
+        if needs_op and not self.backend.runs_as_op():
             raise ValueError(
-                f"attention sinks need a backend the registered op runs; "
-                f"{self.backend.name!r} is not one"
+                f"attention sinks and sliding windows need a backend the registered op "
+                f"runs; {self.backend.name!r} is not one"
             )
-        if sinks is not None or (torch.compiler.is_compiling() and self.backend.runs_as_op()):
+        if needs_op or (torch.compiler.is_compiling() and self.backend.runs_as_op()):
             return segment_attention(q, k, v, self.handle, scale, sinks)[0]
         raise_if_unmet(self.backend, KernelTarget.of(q))
         store = self.kv_store
@@ -138,7 +153,8 @@ class SegmentAwareAttention(nn.Module):
         return self.backend(q, k, v, scale, documents)
 
     def extra_repr(self) -> str:
-        return f"backend={self.backend.name}"
+        window = "" if self.window_left is None else f", window_left={self.window_left}"
+        return f"backend={self.backend.name}{window}"
 
 
 def bind_attention(module: nn.Module, store: KVStore | None) -> int:

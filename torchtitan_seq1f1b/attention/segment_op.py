@@ -31,6 +31,8 @@ import torch.nn as nn
 
 from torchtitan_seq1f1b.attention.backend import KernelTarget
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
+from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["segment_attention", "stamp_handle"]
 
@@ -52,10 +54,16 @@ def _bound(handle: torch.Tensor):
 
 def _prefix(handle: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: bool):
     """(layer, keys, values, bank, documents) of the running segment
-    (:meth:`KVStore.prefix`); outside a unit its own k and v, no bank, no documents."""
+    (:meth:`KVStore.prefix`); outside a unit its own k and v, no bank, and no
+    documents but a sliding window's."""
     layer, store, running = _bound(handle)
     if running is None:
-        return layer, k, v, None, None
+        window_left = getattr(layer, "window_left", None)
+        if window_left is None:
+            return layer, k, v, None, None
+        plan = SegmentPlan.from_lengths((k.shape[1],))
+        layout = MicrobatchDocuments.whole_rows(k.shape[0], plan, k.device).segment(0, window_left)
+        return layer, k, v, None, None if layout.dense else layout
     return layer, *store.prefix(layer, k, v, write)
 
 

@@ -6,7 +6,8 @@
 Without documents it is called dense; with packed documents all rows go
 through one ``torch.nn.attention.varlen.varlen_attn`` call with per-document
 ``cu_seq_q``/``cu_seq_k`` and ``window_size=(-1, 0)``, causal from the bottom
-right of every document.
+right of every document (``(window_left, 0)`` for a sliding window, which is
+always laid out as documents).
 
 This is the kernel behind ``torch.nn.attention.varlen.varlen_attn``. Called
 dense, on (batch, heads, length, head_dim) tensors whose last dim is
@@ -36,6 +37,7 @@ from torchtitan_seq1f1b.attention.packing import (
     packed_varlen_backward,
     packed_varlen_forward,
 )
+from torchtitan_seq1f1b.documents import SegmentDocuments
 
 __all__ = [
     "TorchFlashBackend",
@@ -84,31 +86,39 @@ def flash_backward(grad, q, k, v, out, logsumexp, scale: float, ops=torch.ops.at
     return tuple(g.transpose(1, 2) for g in grads)
 
 
-def _varlen_options(q: torch.Tensor, k: torch.Tensor, scale: float | None) -> dict:
-    return dict(scale=scale, window_size=(-1, 0), enable_gqa=q.shape[1] != k.shape[1])
+def _window(documents: SegmentDocuments) -> tuple[int, int]:
+    """``varlen_attn``'s causal window_size: (-1, 0), or (left, 0) for a sliding window."""
+    return (-1 if documents.window_left is None else documents.window_left, 0)
+
+
+def _varlen_options(q: torch.Tensor, k: torch.Tensor, scale: float | None, window) -> dict:
+    return dict(scale=scale, window_size=window, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def varlen_attention(
-    q, k, v, cu_q, cu_k, max_q, max_k, scale, varlen_attn: Callable = torch_varlen_attn
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, window=(-1, 0),
+    varlen_attn: Callable = torch_varlen_attn,
 ) -> torch.Tensor:
     """One row's documents through ``varlen_attn``: q (Lq, heads, head_dim), k, v
     (keys, kv_heads, head_dim). ``varlen_attn`` lets tests stand in for it on CPU."""
-    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **_varlen_options(q, k, scale))
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **_varlen_options(q, k, scale, window))
 
 
-def _varlen_forward(scale: float):
+def _varlen_forward(scale: float, window):
     def forward(q, k, v, cu_q, cu_k, max_q, max_k):
         return torch_varlen_attn(
             q, k, v, cu_q, cu_k, max_q, max_k, return_aux=AuxRequest(lse=True),
-            **_varlen_options(q, k, scale),
+            **_varlen_options(q, k, scale, window),
         )
 
     return forward
 
 
-def _varlen_backward(scale: float):
+def _varlen_backward(scale: float, window):
     def backward(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k):
-        return varlen_attn_backward(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale)
+        return varlen_attn_backward(
+            grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, window
+        )
 
     return backward
 
@@ -155,13 +165,15 @@ class TorchFlashBackend(AttentionBackend):
         if documents is None:
             out, lse = flash_forward(q, k, v, scale)
         else:
-            out, lse = packed_varlen_forward(_varlen_forward(scale), q, k, v, documents)
+            forward = _varlen_forward(scale, _window(documents))
+            out, lse = packed_varlen_forward(forward, q, k, v, documents)
         return out.contiguous(), lse.contiguous()
 
     def backward(self, grad, q, k, v, out, lse, scale, documents):
         if documents is None:
             return flash_backward(grad, q, k, v, out, lse, scale)
-        return packed_varlen_backward(_varlen_backward(scale), grad, q, k, v, out, lse, documents)
+        backward = _varlen_backward(scale, _window(documents))
+        return packed_varlen_backward(backward, grad, q, k, v, out, lse, documents)
 
     def __call__(self, q, k, v, scale, documents=None):
         check_heads(q, k)
@@ -170,6 +182,8 @@ class TorchFlashBackend(AttentionBackend):
             return self.kernel(q, k, v, scale)
 
         def varlen(q_row, k_row, v_row, cu_q, cu_k, max_q, max_k):
-            return self.varlen_kernel(q_row, k_row, v_row, cu_q, cu_k, max_q, max_k, scale)
+            return self.varlen_kernel(
+                q_row, k_row, v_row, cu_q, cu_k, max_q, max_k, scale, _window(documents)
+            )
 
         return packed_varlen(varlen, q, k, v, documents)

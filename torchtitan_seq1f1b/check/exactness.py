@@ -66,6 +66,8 @@ class Case:
     take the layouts in turn); None is causal attention."""
     compile: bool = False
     """Stages compile every block (``fullgraph=True``); the reference stays eager."""
+    window_left: int | None = None
+    """Sliding windows in every other layer (:attr:`TinyTransformerArgs.window_left`)."""
 
     @property
     def plan(self) -> SegmentPlan:
@@ -79,6 +81,7 @@ class Case:
             activation_checkpoint=self.activation_checkpoint,
             attention_backend="sdpa",
             compile=self.compile,
+            window_left=self.window_left,
         )
 
     def rank_device(self, rank: int) -> torch.device:
@@ -113,18 +116,22 @@ class Case:
 
 class ExplicitDocumentAttention(nn.Module):
     """The reference's attention: SDPA with an explicit (batch, 1, L, L)
-    block-causal mask, independent of the segment-aware machinery.
+    block-causal mask, banded for a sliding window, independent of the
+    segment-aware machinery.
 
     q: (batch, heads, L, head_dim); k, v: (batch, kv_heads, L, head_dim).
     """
 
-    def __init__(self, document_ids: torch.Tensor):
+    def __init__(self, document_ids: torch.Tensor, window_left: int | None = None):
         super().__init__()
         self.document_ids = document_ids
+        self.window_left = window_left
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ids, length = self.document_ids, q.shape[2]
         causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        if self.window_left is not None:
+            causal = causal.triu(-self.window_left)
         mask = (ids[:, :, None] == ids[:, None, :]) & causal
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask[:, None], enable_gqa=q.shape[1] != k.shape[1]
@@ -149,9 +156,12 @@ def reference(case: Case, dtype: torch.dtype | None = None) -> dict:
     model = case.model(device).to(dtype or case.dtype)
     tokens, target = case.batch(device)
     document_ids = case.document_ids(device)
-    if document_ids is not None:
+    if document_ids is not None or case.window_left is not None:
+        if document_ids is None:
+            document_ids = torch.zeros_like(tokens)
         for layer in model.layers.values():
-            layer.attention.inner_attention = ExplicitDocumentAttention(document_ids)
+            window_left = layer.attention.inner_attention.window_left
+            layer.attention.inner_attention = ExplicitDocumentAttention(document_ids, window_left)
     logits = model(tokens)
     loss_sum = token_sum_cross_entropy(logits, target)
     (loss_sum / (target != -100).sum()).backward()

@@ -7,7 +7,8 @@ Each backend gets the same inputs, rounded to its dtype; the reference is
 plain masked-softmax attention in float64 on those rounded values, so every
 difference is the kernel's own (its masking, GQA, prefix handling, rounding).
 The segment after a prefix also runs with packed documents (the varlen
-entry points of the flash kernels), rows with different layouts. Each
+entry points of the flash kernels), rows with different layouts, and with a
+sliding window (gpt_oss's), alone and within the documents. Each
 backend runs twice: through its autograd entry points (eager blocks) and
 through the explicit forward and backward the registered op calls
 (compiled blocks, rows ``kernel-op``).
@@ -31,6 +32,10 @@ SHAPES = ((96, 256), (96, 96))
 # the segment after a prefix: documents crossing into it and ending in it, and
 # one document over everything.
 DOCUMENTS = ((100, 100, 56), (256,))
+# Keys before each query a sliding window lets it see: fewer than the prefix holds.
+WINDOW_LEFT = 47
+# Layouts of the segment after a prefix besides plain causal: (packed documents, window).
+LAYOUTS = ((True, None), (False, WINDOW_LEFT), (True, WINDOW_LEFT))
 HEAD_DIMS = (64, 128)
 BATCHES = (1, 2)
 DTYPES = {
@@ -86,13 +91,19 @@ def _output_and_grads(fn, q, k, v, grad_out):
     return [out.detach(), *(leaf.grad for leaf in leaves)]
 
 
-def _segment_documents(batch: int, q_len: int, k_len: int, device) -> SegmentDocuments:
+def _segment_documents(
+    batch: int, q_len: int, k_len: int, device, packed: bool, window_left: int | None
+) -> SegmentDocuments:
+    """The layout of the segment after a prefix: packed documents or one per row, and a window."""
+    plan = SegmentPlan.from_lengths((k_len - q_len, q_len))
+    if not packed:
+        return MicrobatchDocuments.whole_rows(batch, plan, device).segment(1, window_left)
     layouts = [DOCUMENTS[row % len(DOCUMENTS)] for row in range(batch)]
     ids = torch.tensor(
         [[doc for doc, n in enumerate(lengths) for _ in range(n)] for lengths in layouts],
         device=device,
     )
-    return MicrobatchDocuments(ids, SegmentPlan.from_lengths((k_len - q_len, q_len))).segment(1)
+    return MicrobatchDocuments(ids, plan).segment(1, window_left)
 
 
 class _AsTheOp(torch.autograd.Function):
@@ -114,13 +125,13 @@ class _AsTheOp(torch.autograd.Function):
 
 def _worst_error(backend, head_dim, dtype, device, as_op: bool) -> tuple[float, str]:
     worst, where = 0.0, ""
-    cases = [(*shape, False) for shape in SHAPES] + [(*SHAPES[0], True)]
+    cases = [(*shape, None) for shape in SHAPES] + [(*SHAPES[0], layout) for layout in LAYOUTS]
     for batch in BATCHES:
-        for q_len, k_len, packed in cases:
+        for q_len, k_len, layout in cases:
             q, k, v, grad_out = _inputs(batch, q_len, k_len, head_dim, dtype, device, seed=batch)
             documents, visible = None, None
-            if packed:
-                documents = _segment_documents(batch, q_len, k_len, device)
+            if layout is not None:
+                documents = _segment_documents(batch, q_len, k_len, device, *layout)
                 k, v = k[:, documents.key_start :], v[:, documents.key_start :]
                 visible = documents.key_mask()
             if as_op:
@@ -138,9 +149,15 @@ def _worst_error(backend, head_dim, dtype, device, as_op: bool) -> tuple[float, 
             for name, a, e in zip(("out", "dq", "dk", "dv"), actual, expected):
                 error = relative_error(a, e)
                 if not error <= worst:  # NaN counts as worst
-                    layout = " documents" if packed else ""
-                    worst, where = error, f"{name} b{batch} {q_len}/{k_len}{layout}"
+                    worst, where = error, f"{name} b{batch} {q_len}/{k_len}{_describe(layout)}"
     return worst, where
+
+
+def _describe(layout) -> str:
+    if layout is None:
+        return ""
+    packed, window_left = layout
+    return (" documents" if packed else "") + (f" window {window_left}" if window_left else "")
 
 
 def check_kernel(

@@ -56,6 +56,9 @@ class TinyTransformerArgs:
     compile: bool = False
     """Pipeline stages (:meth:`TinyTransformer.stage`) compile each block with
     ``fullgraph=True``, checkpointing inside, as torchtitan does."""
+    window_left: int | None = None
+    """Sliding-window attention in the even-numbered layers, as gpt_oss: each query
+    sees itself and this many keys before it. None: every layer attends causally."""
 
     def __post_init__(self):
         if self.activation_checkpoint not in ACTIVATION_CHECKPOINT_MODES:
@@ -74,7 +77,14 @@ class TinyTransformerArgs:
             ffn_hidden_dim=self.ffn_hidden_dim,
             vocab_size=self.vocab_size,
             gated_mlp=True,
+            window_layers=0 if self.window_left is None else len(self.window_layers),
+            window=0 if self.window_left is None else self.window_left + 1,
         )
+
+    @property
+    def window_layers(self) -> range:
+        """The layers with a sliding window (when ``window_left`` is set)."""
+        return range(0, self.n_layers, 2)
 
 
 # The CPU benchmark's model (benchmarks/) and the charts' default: one step of 1F1B at
@@ -104,6 +114,9 @@ class TinyTransformer(nn.Module):
                 for i in range(args.n_layers)
             }
         )
+        if args.window_left is not None:
+            for i in args.window_layers:
+                self.layers[str(i)].attention.inner_attention.window_left = args.window_left
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Outside the module tree, so parameter names stay those of the unsplit model.

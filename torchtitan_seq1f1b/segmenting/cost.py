@@ -66,6 +66,9 @@ class TransformerCost:
         experts_per_token: experts each token is routed to (top-k).
         shared_ffn_hidden_dim: hidden width of the shared experts every token
             also runs (0: none).
+        window_layers: how many of the ``L`` layers attend through a sliding
+            window (gpt_oss: every other one).
+        window: keys a query of such a layer sees at most, itself included.
     """
 
     n_layers: int
@@ -84,6 +87,8 @@ class TransformerCost:
     experts: int = 0
     experts_per_token: int = 1
     shared_ffn_hidden_dim: int = 0
+    window_layers: int = 0
+    window: int = 0
 
     def __post_init__(self) -> None:
         positive = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size")
@@ -95,6 +100,10 @@ class TransformerCost:
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"{name}={value!r} must be None or a positive int")
+        if not is_int(self.window_layers) or not 0 <= self.window_layers <= self.n_layers:
+            raise ValueError(f"window_layers={self.window_layers!r} must be an int in [0, n_layers]")
+        if self.window_layers and (not is_int(self.window) or self.window < 1):
+            raise ValueError(f"window={self.window!r} must be a positive int with window_layers")
         for name in ("experts", "shared_ffn_hidden_dim"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 0")
@@ -142,7 +151,8 @@ class TransformerCost:
         """Exact forward FLOPs (2 per multiply-add) of tokens ``[end - length, end)``.
 
         Each query at absolute position ``t`` attends the ``t + 1`` keys of its
-        whole causal prefix, so with ``s = length`` and ``P = end``::
+        whole causal prefix (``min(t + 1, window)`` in a sliding-window layer),
+        so with ``s = length`` and ``P = end``::
 
             per layer:  2 s H h (d + d_v)                # Q and O projections
                       + 2 s H g (d + d_v)                # K and V projections
@@ -157,14 +167,14 @@ class TransformerCost:
         Summing this over any split of ``[0, P)`` gives ``forward_flops(P, P)``.
         """
         check_span(length, end)
-        per_token, _ = self.flop_rates()
-        return length * per_token + self.attention_flops(length, end)
+        return length * self.token_flops() + self.attention_flops(length, end)
 
     def attention_flops(self, length: int, end: int) -> int:
         """FLOPs of QK^T and AV of tokens ``[end - length, end)``: the part without weights."""
         check_span(length, end)
-        keys_attended = length * end - length * (length - 1) // 2
-        return keys_attended * self.flop_rates()[1]
+        full, windowed = self.pair_rates()
+        start = end - length
+        return full * _keys_seen(start, end, end) + windowed * _keys_seen(start, end, self.window)
 
     def flops_coefficients(self, end: int) -> tuple[float, float]:
         """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``; ``a < 0``.
@@ -172,16 +182,30 @@ class TransformerCost:
         ``a`` is negative because a longer segment ending at the same ``end``
         reaches back to earlier, cheaper positions.
         """
-        per_token, per_query_key = self.flop_rates()
-        return -per_query_key / 2, per_token + per_query_key * (end + 0.5)
+        if self.window_layers:
+            raise ValueError("sliding-window layers make the FLOPs not quadratic in the length")
+        per_query_key = self.pair_rates()[0]
+        return -per_query_key / 2, self.token_flops() + per_query_key * (end + 0.5)
 
-    def flop_rates(self) -> tuple[int, int]:
-        """FLOPs per token (projections, MLP, LM head) and per attended (query, key) pair."""
+    def token_flops(self) -> int:
+        """FLOPs per token: projections, MLP and LM head."""
         head_widths = self.head_dim + self.value_head_dim
         per_layer_token = (
             2 * self.dim * (self.n_heads + self.n_kv_heads) * head_widths
             + (3 if self.gated_mlp else 2) * 2 * self.dim * self.active_ffn_hidden_dim
             + 2 * self.dim * self.experts
         )
-        per_token = self.n_layers * per_layer_token + 2 * self.dim * self.vocab_size
-        return per_token, self.n_layers * 2 * self.n_heads * head_widths
+        return self.n_layers * per_layer_token + 2 * self.dim * self.vocab_size
+
+    def pair_rates(self) -> tuple[int, int]:
+        """FLOPs per attended (query, key) pair, summed over the full-attention layers
+        and over the sliding-window layers."""
+        per_layer = 2 * self.n_heads * (self.head_dim + self.value_head_dim)
+        return (self.n_layers - self.window_layers) * per_layer, self.window_layers * per_layer
+
+
+def _keys_seen(start: int, end: int, window: int) -> int:
+    """Keys queries ``[start, end)`` see causally, at most ``window`` each: sum of min(t + 1, window)."""
+    growing = max(min(end, window) - start, 0)  # queries t < window see t + 1 keys
+    first = start + 1
+    return growing * (2 * first + growing - 1) // 2 + (end - start - growing) * window

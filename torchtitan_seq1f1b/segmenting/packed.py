@@ -185,12 +185,14 @@ class PackedDocumentsCost:
     ) -> PackedDocumentsCost:
         """Expected cost of windows of ``seq_len`` tokens cut from a stream of ``documents``."""
         # Prefix = causal prefix minus the pairs the mask removes: exact in the one-document
-        # limit, where the removed pairs vanish.
-        rate = model.flop_rates()[1]
-        removed, prefix = 0.0, [0]
+        # limit, where the removed pairs vanish. A sliding window caps the expected keys.
+        full, windowed = model.pair_rates()
+        removed, window_pairs, prefix = 0.0, 0.0, [0]
         for t, keys in enumerate(documents.expected_keys(seq_len)):
             removed += t + 1 - keys
-            prefix.append(rate * ((t + 1) * (t + 2) // 2) - round(rate * removed))
+            window_pairs += min(keys, model.window)
+            causal = full * ((t + 1) * (t + 2) // 2) - round(full * removed)
+            prefix.append(causal + round(windowed * window_pairs))
         return cls(model, prefix)
 
     @classmethod
@@ -201,9 +203,12 @@ class PackedDocumentsCost:
             document mask: :func:`torchtitan_seq1f1b.documents.keys_per_query`
             of the rows' document ids.
         """
+        full, windowed = model.pair_rates()
         pairs = keys.sum(dim=0).cumsum(dim=0).tolist()
-        rate, rows = model.flop_rates()[1], keys.shape[0]
-        return cls(model, (0, *((rate * p + rows // 2) // rows for p in pairs)))
+        window_pairs = keys.clamp(max=model.window).sum(dim=0).cumsum(dim=0).tolist()
+        rows = keys.shape[0]
+        flops = (full * p + windowed * w for p, w in zip(pairs, window_pairs))
+        return cls(model, (0, *((f + rows // 2) // rows for f in flops)))
 
     @property
     def seq_len(self) -> int:
@@ -216,4 +221,4 @@ class PackedDocumentsCost:
 
     def forward_flops(self, length: int, end: int) -> int:
         """Forward FLOPs of tokens ``[end - length, end)``; sums exactly over any split."""
-        return length * self.model.flop_rates()[0] + self.attention_flops(length, end)
+        return length * self.model.token_flops() + self.attention_flops(length, end)

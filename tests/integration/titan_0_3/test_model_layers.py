@@ -26,7 +26,7 @@ import torch
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel
-from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel
+from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel, gpt_oss_debugmodel_flex
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
@@ -76,13 +76,18 @@ def _with_experts(config, num_experts: int):
             changes[field.name] = _with_experts(value, num_experts)
     return dataclasses.replace(config, **changes)
 
-def _without_window(layer):
-    """A gpt_oss block config with full causal attention in place of its sliding window."""
+WINDOW = 6  # keys a sliding-window query sees, itself included: it crosses segment borders
+
+
+def _small_window(layer):
+    """A gpt_oss block config whose sliding window (if it has one) is WINDOW keys wide."""
     attention = layer.attention
-    inner = dataclasses.replace(attention.inner_attention, window_size=(-1, 0))
+    if attention.sliding_window_size is None:
+        return layer
+    inner = dataclasses.replace(attention.inner_attention, window_size=(WINDOW - 1, 0))
     return dataclasses.replace(
         layer,
-        attention=dataclasses.replace(attention, sliding_window_size=None, inner_attention=inner),
+        attention=dataclasses.replace(attention, sliding_window_size=WINDOW, inner_attention=inner),
     )
 
 
@@ -112,8 +117,9 @@ MODELS = {
     "qwen3-moe": lambda: _model(qwen3_moe_debug, num_experts=16),
     # MLA (q/k head dim 192, v 128, yarn RoPE scale); a dense block, then shared + routed experts.
     "deepseek_v3": lambda: _model(deepseek_v3_debugmodel),
-    # Attention sinks (head_dim 64, GQA); biased experts, top 4 of 4. No sliding windows.
-    "gpt_oss-sinks": lambda: _model(gpt_oss_debugmodel, num_experts=4, change_layer=_without_window),
+    # Attention sinks (head_dim 64, GQA), a sliding-window block and a full one; biased
+    # experts, top 4 of 4.
+    "gpt_oss": lambda: _model(gpt_oss_debugmodel, num_experts=4, change_layer=_small_window),
 }
 
 def _batch(model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,14 +190,14 @@ def test_segmented_model_matches_unsplit(name, checkpointing, monkeypatch):
         assert ref.sum() > 0
         assert torch.equal(count, ref), f"MoE layer {layer}: token counts {count} != {ref}"
 
-def test_gpt_oss_sliding_window_layers_are_refused_by_type():
+@pytest.mark.parametrize("job", [gpt_oss_debugmodel, gpt_oss_debugmodel_flex], ids=["varlen", "flex"])
+def test_gpt_oss_keeps_its_sliding_windows(job):
+    """varlen attention holds its window as window_size, flex as the block's mask key."""
     with torch.device("meta"):
-        model = gpt_oss_debugmodel().model_spec.model.build()
-    with pytest.raises(Seq1F1BConfigError) as error:
-        make_segment_aware(model, "sdpa")
-    message = str(error.value)
-    assert "layers.0 (Attention): sliding-window attention (window_size=(127, 0))" in message
-    assert "layers.2 (Attention)" in message and "layers.1" not in message
+        model = job().model_spec.model.build()
+    make_segment_aware(model, "sdpa")
+    windows = {name: block.attention.inner_attention.window_left for name, block in model.layers.items()}
+    assert windows == {"0": 127, "1": None, "2": 127, "3": None}
 
 
 class _Recurrent(torch.nn.Module):
@@ -216,8 +222,10 @@ def test_a_layer_without_softmax_attention_is_refused_by_type():
                                experts=64, experts_per_token=8, shared_ffn_hidden_dim=0), 128),
         (deepseek_v3_debugmodel, dict(n_heads=16, n_kv_heads=16, head_dim=192, value_head_dim=128,
                                       experts=8, experts_per_token=3, shared_ffn_hidden_dim=512), 192),
+        (gpt_oss_debugmodel, dict(n_heads=64, n_kv_heads=8, head_dim=64, experts=8,
+                                  experts_per_token=4, window_layers=2, window=128), 64),
     ],
-    ids=["qwen3-moe", "deepseek_v3"],
+    ids=["qwen3-moe", "deepseek_v3", "gpt_oss"],
 )
 def test_cost_model_reads_each_models_heads_and_experts(job, expected, kernel_head_dim):
     """The FLOP model behind balanced plans, the simulator and the planner."""

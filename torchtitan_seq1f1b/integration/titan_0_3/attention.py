@@ -14,9 +14,9 @@ converted (:func:`make_segment_aware`):
 - every ``<attention>.inner_attention`` becomes :class:`SegmentAwareInnerAttention`,
   which takes torchtitan 0.3's inner-attention call: q, k, v of shape
   (batch, seq, heads, head_dim) and keyword ``attention_masks=``, ``scale=``
-  and gpt_oss's attention-sink ``out_transform=``; a block it cannot convert
-  (a sliding window, no softmax attention) is refused, naming its layer type
-  (:func:`unconvertible_layers`);
+  and gpt_oss's attention-sink ``out_transform=``, keeping a block's sliding
+  window (:func:`window_left`); a block without softmax attention is refused,
+  naming its layer type (:func:`unconvertible_layers`);
 - ``get_attention_masks`` returns document ids (batch, seq) instead
   (:func:`positions_document_ids`, the ids torchtitan's
   ``get_document_mask_mod`` derives);
@@ -54,6 +54,7 @@ __all__ = [
     "parallelize_with_document_ids",
     "positions_document_ids",
     "unconvertible_layers",
+    "window_left",
 ]
 
 
@@ -131,30 +132,32 @@ def unconvertible_layers(model: nn.Module) -> list[str]:
     made segment-aware, one line per block, naming its token mixer; empty if all can."""
     problems = []
     for name, block in getattr(model, "layers", {}).items():
-        mixer = getattr(block, "attention", None) or getattr(block, "attn", None)
-        inner = getattr(mixer, "inner_attention", None)
-        where = f"layers.{name} ({type(mixer if mixer is not None else block).__name__})"
-        if inner is None:
+        mixer = _mixer(block)
+        if getattr(mixer, "inner_attention", None) is None:
+            where = f"layers.{name} ({type(mixer if mixer is not None else block).__name__})"
             problems.append(
                 f"{where}: no softmax attention to make segment-aware; a linear-attention "
                 "layer carries a recurrent state from segment to segment, which Seq1F1B "
                 "does not pass on"
             )
-        elif (window := _window(block, inner)) is not None:
-            problems.append(
-                f"{where}: sliding-window attention ({window}); "
-                "segment-aware attention reads every earlier key of the document"
-            )
     return problems
 
 
-def _window(block: nn.Module, inner: nn.Module) -> str | None:
-    """The sliding window of a torchtitan 0.3 attention (varlen or flex), if any."""
-    left, _ = getattr(inner, "window_size", (-1, 0))
+def _mixer(block: nn.Module) -> nn.Module | None:
+    return getattr(block, "attention", None) or getattr(block, "attn", None)
+
+
+def window_left(model: nn.Module, block: nn.Module) -> int | None:
+    """How many keys before each query a block's sliding-window attention sees; None
+    without a window. varlen attention holds it (``window_size[0]``); flex blocks
+    name the model's one sliding-window mask, built from the first window in the
+    model's config (gpt_oss's ``get_attention_masks``)."""
+    left, _ = getattr(_mixer(block).inner_attention, "window_size", (-1, 0))
     if left >= 0:
-        return f"window_size={tuple(inner.window_size)}"
+        return left
     if getattr(block, "attn_mask_key", None) == "sliding_window_mask":
-        return "attn_mask_key='sliding_window_mask'"
+        sizes = (getattr(layer.attention, "sliding_window_size", None) for layer in model.config.layers)
+        return next(size for size in sizes if size is not None) - 1
     return None
 
 
@@ -170,7 +173,10 @@ def make_segment_aware(model: nn.Module, backend: str) -> int:
         raise Seq1F1BConfigError(
             "Seq1F1B cannot make these layers segment-aware:\n  - " + "\n  - ".join(problems)
         )
+    windows = {name: window_left(model, block) for name, block in model.layers.items()}
     converted = wrap_attention(model, is_inner_attention, backend, SegmentAwareInnerAttention)
+    for name, block in model.layers.items():
+        _mixer(block).inner_attention.window_left = windows[name]
     model.get_attention_masks = positions_document_ids
     return converted
 

@@ -39,11 +39,9 @@ __all__ = [
 ]
 
 # Models verified under Seq1F1B (README's model table).
-MODEL_NAMES = ("llama3", "qwen3", "deepseek_v3")
+MODEL_NAMES = ("llama3", "qwen3", "deepseek_v3", "gpt_oss")
 # Why the other decoders of torchtitan 0.3's registries are refused.
 REFUSED_MODELS = {
-    "gpt_oss": "its sliding-window layers read only the last 128 keys, which segment-aware "
-    "attention does not do yet (its attention sinks are supported)",
     "qwen3_5": "its GatedDeltaNet (linear-attention) layers carry a recurrent state from "
     "segment to segment, which Seq1F1B does not pass on",
     "kimi_k2_5": "a vision-language model, which torchtitan pipelines with its own "

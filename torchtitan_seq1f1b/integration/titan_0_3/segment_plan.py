@@ -39,12 +39,23 @@ def _head_shape(attention) -> dict:
     return dict(n_kv_heads=attention.n_kv_heads or attention.n_heads, qk_head_dim=attention.head_dim)
 
 
-def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
-    """The FLOP model of a torchtitan 0.3 decoder config (llama3, qwen3, deepseek_v3;
-    dense or MoE).
+def _window_shape(layers) -> dict:
+    """TransformerCost's sliding-window fields: how many layers have one (gpt_oss) and
+    the widest window's keys, itself included."""
+    windows = [
+        size for layer in layers
+        if (size := getattr(layer.attention, "sliding_window_size", None)) is not None
+    ]
+    return dict(window_layers=len(windows), window=max(windows, default=0))
 
-    MoE counts the experts a token runs. Where layers differ (dense layers
-    before MoE ones), the last layer stands for all.
+
+def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
+    """The FLOP model of a torchtitan 0.3 decoder config (llama3, qwen3, deepseek_v3,
+    gpt_oss; dense or MoE).
+
+    MoE counts the experts a token runs; sliding-window layers the keys inside
+    their window. Where layers differ otherwise (dense layers before MoE ones),
+    the last layer stands for all.
     """
     attention = model_config.first_attention
     return TransformerCost(
@@ -54,6 +65,7 @@ def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
         vocab_size=model_config.vocab_size,
         **_head_shape(attention),
         **_mlp_shape(model_config.layers[-1]),
+        **_window_shape(model_config.layers),
     )
 
 
