@@ -29,9 +29,10 @@ dq, dk, dv: kernels use ``out`` only for ``rowsum(grad * out)``.
 import torch
 import torch.nn as nn
 
+from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import KernelTarget
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet
-from torchtitan_seq1f1b.documents import MicrobatchDocuments
+from torchtitan_seq1f1b.kv_store import RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["segment_attention", "stamp_handle"]
@@ -61,8 +62,8 @@ def _prefix(handle: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: bool)
         window_left = getattr(layer, "window_left", None)
         if window_left is None:
             return layer, k, v, None, None
-        plan = SegmentPlan.from_lengths((k.shape[1],))
-        layout = MicrobatchDocuments.whole_rows(k.shape[0], plan, k.device).segment(0, window_left)
+        whole = RunningUnit(Unit(0, 0), SegmentPlan.from_lengths((k.shape[1],)))
+        layout = whole.window_documents(window_left, k)
         return layer, k, v, None, None if layout.dense else layout
     return layer, *store.prefix(layer, k, v, write)
 
