@@ -7,7 +7,6 @@ Used as the job's ``--experimental.custom_import tests.integration.titan_0_2.bro
 place of ``torchtitan_seq1f1b``, which the job's custom_config_module has
 imported and installed by then), with ``SEQ1F1B_BREAK`` set to one of:
 
-- "segment_attention": every segment attends to its own tokens only;
 - "normalizer": gradients are divided by one token more than the step's count;
 - "document_mask": block-causal models get one document per row (plain
   causal attention over the window) instead of the documents EOS tokens end.
@@ -18,22 +17,16 @@ import os
 import torch
 
 from torchtitan_seq1f1b.integration.titan_0_2 import attention
-from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
-
-from tests.harness import OWN_TOKENS_ONLY
 
 BREAK = os.environ["SEQ1F1B_BREAK"]
 
-if BREAK == "segment_attention":
-    for name, method in OWN_TOKENS_ONLY.items():
-        setattr(KVStore, name, method)
-elif BREAK == "normalizer":
+if BREAK == "normalizer":
     _normalizer_for = ScheduleSeq1F1B._normalizer_for
     ScheduleSeq1F1B._normalizer_for = lambda self, target: _normalizer_for(self, target) + 1
 elif BREAK == "document_mask":
     attention.eos_document_ids = lambda tokens, eos_id: torch.zeros_like(tokens)
 else:
     raise ValueError(
-        f"SEQ1F1B_BREAK={BREAK!r}: use segment_attention, normalizer or document_mask"
+        f"SEQ1F1B_BREAK={BREAK!r}: use normalizer or document_mask"
     )

@@ -82,9 +82,8 @@ def fsdp_tp_unpipelined(run):
     )
 
 
-@pytest.mark.parametrize(
-    "partition,segments", [("uniform", 2), ("uniform", 4), ("balanced", 2), ("balanced", 4)]
-)
+# Uniform and balanced plans, each once: the float64 grids cover every k.
+@pytest.mark.parametrize("partition,segments", [("uniform", 2), ("balanced", 4)])
 def test_pp2_matches_unpipelined(run, unpipelined, partition, segments):
     seq1f1b = run(
         2,
@@ -127,11 +126,12 @@ def test_variants_pp2_match_unpipelined(run, unpipelined, schedule):
         assert 0 < bubble < seq1f1b_bubble
 
 
-@pytest.mark.parametrize("schedule", ["Seq1F1BZeroBubble", "Seq1F1BZBV"])
-def test_zero_bubble_fsdp_pp_matches_fsdp(run, fsdp_unpipelined, schedule):
+def test_zero_bubble_fsdp_pp_matches_fsdp(run, fsdp_unpipelined):
+    """ZB-V: the split backward (input, then weight gradients) under FSDP2's
+    reduce-scatter, on the V layout of two stages per rank."""
     variant = run(
         4,
-        "--parallelism.pipeline_parallel_schedule", schedule,
+        "--parallelism.pipeline_parallel_schedule", "Seq1F1BZBV",
         "--parallelism.data_parallel_shard_degree", "2",
     )
     assert_same_training(variant, fsdp_unpipelined)
@@ -181,15 +181,15 @@ def test_activation_checkpointing_matches_unpipelined(
                    for n in rerun["full" if ac_mode == "full" else option]), extra
 
 
-@pytest.mark.parametrize("broken", ["segment_attention", "normalizer"])
-def test_tolerance_catches_broken_seq1f1b(run, unpipelined, broken):
-    """Negative control: segments that do not see earlier segments, or gradients
-    divided by one token too many (0.2%), fail the 1e-4 comparison."""
+def test_tolerance_catches_broken_seq1f1b(run, unpipelined):
+    """Negative control: gradients divided by one token too many (0.2%) fail
+    the 1e-4 comparison. Segments blind to earlier ones move the losses far
+    more (the float64 grids' negative controls catch them at 1e-10)."""
     seq1f1b = run(
         2,
         "--experimental.custom_import", "tests.integration.titan_0_2.broken_titan",
-        name=broken,
-        extra_env={"SEQ1F1B_BREAK": broken},
+        name="normalizer",
+        extra_env={"SEQ1F1B_BREAK": "normalizer"},
     )
     assert largest_difference(seq1f1b, unpipelined) > RTOL
     with pytest.raises(AssertionError):
