@@ -20,9 +20,15 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts, swiglu
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of ``weight``: expert parallelism shards dim 0 (experts)."""
+    return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
 def experts_in_input_dtype(
@@ -33,16 +39,20 @@ def experts_in_input_dtype(
     groups = x_RD.split(num_tokens_per_expert_E.tolist())
     return torch.cat([
         (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
-        for x, w1, w2, w3 in zip(groups, self.w1_EFD, self.w2_EDF, self.w3_EFD)
+        for x, w1, w2, w3 in zip(
+            groups, _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD)
+        )
     ])
 
 
 def gpt_oss_experts_in_input_dtype(
     self: GptOssGroupedExperts, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor
 ) -> torch.Tensor:
-    """``GptOssGroupedExperts.forward`` (biases, clamped SwiGLU) in x_RD's dtype, unsharded."""
+    """``GptOssGroupedExperts.forward`` (biases, clamped SwiGLU) in x_RD's dtype."""
     groups = x_RD.split(num_tokens_per_expert_E.tolist())
-    weights = zip(self.mlp1_weight_EGD, self.mlp1_bias_EG, self.mlp2_weight_EDF, self.mlp2_bias_ED)
+    weights = zip(*map(_local, (
+        self.mlp1_weight_EGD, self.mlp1_bias_EG, self.mlp2_weight_EDF, self.mlp2_bias_ED
+    )))
     return torch.cat([
         swiglu(x @ w1.T + b1, limit=self.swiglu_limit) @ w2.T + b2
         for x, (w1, b1, w2, b2) in zip(groups, weights)

@@ -7,17 +7,21 @@ Each model starts from its own seed checkpoint and trains on the shipped
 recall corpus (``--seq1f1b.data recall``: torchtitan's debug configs read its
 repository's test assets) with packed documents, under the config's own loss
 and activation checkpointing. Seq1F1B PP=2 and a variant must match the
-non-pipelined run on every step's loss (5 steps) and the step-1 grad_norm within 1e-4,
-and end with the same MoE load-balancing state. Routed experts run in the
-model's dtype (:mod:`tests.integration.titan_0_3.input_dtype_experts`).
+non-pipelined run on every step's loss (``STEPS``) and the step-1 grad_norm within 1e-4,
+and end with the same MoE load-balancing state: the expert biases the router
+learns from its token counts, saved at the last step, must be equal and must have
+moved. Routed experts run in the model's dtype
+(:mod:`tests.integration.titan_0_3.input_dtype_experts`).
 
 llama3's debug config runs as the README documents it
 (``tests/test_documented_commands.py``) and as the debug job
-(``test_torchtitan.py``); qwen3's MoE debug model (316M parameters) is
-checked in float64 layer by layer (``test_model_layers.py``).
+(``test_torchtitan.py``); qwen3's dense layers are checked in float64 layer by
+layer (``test_model_layers.py``).
 """
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.harness import assert_same_training, RunFailed, TEST_ARGS, torchrun
 from tests.integration.titan_0_3 import input_dtype_experts
@@ -25,6 +29,10 @@ from tests.integration.titan_0_3 import input_dtype_experts
 # Model family: its debug config in torchtitan's registry, and the job's own flags.
 MODELS = {
     "deepseek_v3": ("deepseek_v3_debugmodel", ()),
+    # 316M parameters (64 experts): one sequence per microbatch.
+    "qwen3_moe": ("qwen3_moe_debug", (
+        "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1",
+    )),
     # Documents of 201 tokens drifting across rows of 256, so that the sliding windows
     # (128 keys) cut what a query sees, across segment borders.
     "gpt_oss": ("gpt_oss_debugmodel", (
@@ -32,11 +40,18 @@ MODELS = {
         "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1",
     )),
 }
+STEPS = 5
 DATA_ARGS = (
     "--seq1f1b.data", "recall", "--metrics.enable_tensorboard", *TEST_ARGS,
-    "--debug.moe_force_load_balance", "--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-4",
+    "--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-4",
     # float32 compute: one rank autocasts to bf16, which CPUs multiply slowly.
-    "--training.mixed_precision_param", "float32", "--training.steps", "5",
+    "--training.mixed_precision_param", "float32", "--training.steps", str(STEPS),
+)
+# The model (with its persistent buffers) at the last step, in float32 whatever the
+# config exports.
+FINAL_SAVE_ARGS = (
+    "--checkpoint.interval", str(STEPS), "--checkpoint.last_save_model_only",
+    "--checkpoint.export_dtype", "float32",
 )
 
 
@@ -57,9 +72,9 @@ def model_run(request, tmp_path_factory):
     def run(nproc, *args, name):
         return torchrun(
             tmp_path_factory.mktemp(f"{request.param}_{name}"), nproc, *DATA_ARGS, *job_args,
-            "--checkpoint.enable", "--checkpoint.load_only",
+            "--checkpoint.enable",
             "--checkpoint.initial_load_path", str(seed / "checkpoint" / "step-0"),
-            *args, config=config, launchers=(input_dtype_experts.__name__,),
+            *FINAL_SAVE_ARGS, *args, config=config, launchers=(input_dtype_experts.__name__,),
         )
 
     run.model = request.param
@@ -85,6 +100,51 @@ def test_model_pp2_matches_unpipelined(model_run, model_unpipelined, variant):
     pipelined = model_run(2, "--parallelism.pipeline_parallel_degree", "2", *variant, name="pp2")
     assert "Using pipeline schedule" in pipelined.output and "Seq1F1B" in pipelined.output
     assert_same_training(pipelined, model_unpipelined)
+    _assert_same_expert_biases(pipelined, model_unpipelined)
+
+
+def _assert_same_expert_biases(run, reference_run) -> None:
+    """Every MoE layer's expert bias ends equal, and load balancing moved some."""
+    biases, reference = _expert_biases(run), _expert_biases(reference_run)
+    assert biases.keys() == reference.keys() and reference
+    for name, bias in reference.items():
+        assert torch.equal(biases[name], bias), name
+    assert any(bias.any() for bias in reference.values())
+
+
+def _expert_biases(run) -> dict[str, torch.Tensor]:
+    """Every MoE layer's ``expert_bias_E`` (experts,) at the run's last step."""
+    saved = run.dump_folder / "final_model.pt"
+    if not saved.exists():
+        dcp_to_torch_save(run.dump_folder / "checkpoint" / f"step-{STEPS}", saved)
+    model = torch.load(saved, weights_only=True)
+    return {name: value for name, value in model.items() if name.endswith(".expert_bias_E")}
+
+
+# Expert parallelism shards the experts over the two data-parallel ranks of each stage.
+# torchtitan's default SPMD backend (spmd_types) keeps its meshes per thread, so
+# recompute on a backward's fresh thread finds none; the DTensor backend runs there.
+EXPERT_PARALLEL_ARGS = (
+    "--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2",
+    "--parallelism.spmd_backend", "partial_dtensor",
+)
+
+
+# deepseek_v3 and qwen3 share torchtitan's MoE and token dispatcher; deepseek_v3's is smaller.
+@pytest.mark.parametrize("model_run", ["deepseek_v3"], indirect=True)
+def test_expert_parallel_pp2_matches_expert_parallel(model_run):
+    """EP=2 under Seq1F1B PP=2 (4 ranks) against EP=2 without PP: the same data
+    shards and the same all-to-all of tokens to experts, per segment instead of
+    per microbatch."""
+    reference = model_run(
+        2, "--parallelism.pipeline_parallel_degree", "1", *EXPERT_PARALLEL_ARGS, name="ep"
+    )
+    pipelined = model_run(
+        4, "--parallelism.pipeline_parallel_degree", "2", *EXPERT_PARALLEL_ARGS, name="ep_pp2"
+    )
+    assert "Seq1F1B" in pipelined.output
+    assert_same_training(pipelined, reference)
+    _assert_same_expert_biases(pipelined, reference)
 
 
 def test_a_config_neither_ours_nor_torchtitans_fails_naming_the_closest(tmp_path):
