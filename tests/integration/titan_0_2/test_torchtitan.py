@@ -71,17 +71,6 @@ def tp_unpipelined(run):
     )
 
 
-@pytest.fixture(scope="module")
-def fsdp_tp_unpipelined(run):
-    return run(
-        4,
-        "--parallelism.pipeline_parallel_degree", "1",
-        "--parallelism.data_parallel_shard_degree", "2",
-        "--parallelism.tensor_parallel_degree", "2",
-        name="fsdp_tp",
-    )
-
-
 # Uniform and balanced plans, each once: the float64 grids cover every k.
 @pytest.mark.parametrize("partition,segments", [("uniform", 2), ("balanced", 4)])
 def test_pp2_matches_unpipelined(run, unpipelined, partition, segments):
@@ -239,15 +228,6 @@ def test_fsdp_pp_bf16_matches_fsdp_bf16(run, fsdp_bf16_unpipelined, fsdp_unpipel
     assert_same_training(seq1f1b, fsdp_bf16_unpipelined, rtol=BF16_RTOL)
     # bf16 is in effect: it moves the run further from fp32 than the bound.
     assert largest_difference(fsdp_bf16_unpipelined, fsdp_unpipelined) > BF16_RTOL
-
-
-def test_fsdp_tp_pp_on_8_processes_matches_fsdp_tp(run, fsdp_tp_unpipelined):
-    seq1f1b = run(
-        8,
-        "--parallelism.data_parallel_shard_degree", "2",
-        "--parallelism.tensor_parallel_degree", "2",
-    )
-    assert_same_training(seq1f1b, fsdp_tp_unpipelined)
 
 
 def test_resume_continues_the_uninterrupted_run(run, tmp_path):

@@ -6,7 +6,8 @@
 Each model starts from its own seed checkpoint and trains on the shipped
 recall corpus (``--seq1f1b.data recall``: torchtitan's debug configs read its
 repository's test assets) with packed documents, under the config's own loss
-and activation checkpointing. Seq1F1B PP=2 and a variant must match the
+and activation checkpointing. Seq1F1B PP=2 (and InterleavedSeq1F1B, but for
+qwen3_moe_debug's 316M parameters) must match the
 non-pipelined run on every step's loss (``STEPS``) and the step-1 grad_norm within 1e-4,
 and end with the same MoE load-balancing state: the expert biases the router
 learns from its token counts, saved at the last step, must be equal and must have
@@ -86,41 +87,6 @@ def model_unpipelined(model_run):
     return model_run(1, "--parallelism.pipeline_parallel_degree", "1", name="unpipelined")
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [
-        (),
-        ("--seq1f1b.schedule", "InterleavedSeq1F1B",
-         "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
-         "--seq1f1b.num_segments", "2"),
-    ],
-    ids=["Seq1F1B-k4", "InterleavedSeq1F1B-k2"],
-)
-def test_model_pp2_matches_unpipelined(model_run, model_unpipelined, variant):
-    pipelined = model_run(2, "--parallelism.pipeline_parallel_degree", "2", *variant, name="pp2")
-    assert "Using pipeline schedule" in pipelined.output and "Seq1F1B" in pipelined.output
-    assert_same_training(pipelined, model_unpipelined)
-    _assert_same_expert_biases(pipelined, model_unpipelined)
-
-
-def _assert_same_expert_biases(run, reference_run) -> None:
-    """Every MoE layer's expert bias ends equal, and load balancing moved some."""
-    biases, reference = _expert_biases(run), _expert_biases(reference_run)
-    assert biases.keys() == reference.keys() and reference
-    for name, bias in reference.items():
-        assert torch.equal(biases[name], bias), name
-    assert any(bias.any() for bias in reference.values())
-
-
-def _expert_biases(run) -> dict[str, torch.Tensor]:
-    """Every MoE layer's ``expert_bias_E`` (experts,) at the run's last step."""
-    saved = run.dump_folder / "final_model.pt"
-    if not saved.exists():
-        dcp_to_torch_save(run.dump_folder / "checkpoint" / f"step-{STEPS}", saved)
-    model = torch.load(saved, weights_only=True)
-    return {name: value for name, value in model.items() if name.endswith(".expert_bias_E")}
-
-
 # Expert parallelism shards the experts over the two data-parallel ranks of each stage.
 # torchtitan's default SPMD backend (spmd_types) keeps its meshes per thread, so
 # recompute on a backward's fresh thread finds none; the DTensor backend runs there.
@@ -145,6 +111,47 @@ def test_expert_parallel_pp2_matches_expert_parallel(model_run):
     assert "Seq1F1B" in pipelined.output
     assert_same_training(pipelined, reference)
     _assert_same_expert_biases(pipelined, reference)
+
+
+def test_model_pp2_matches_unpipelined(model_run, model_unpipelined):
+    """Seq1F1B, k = 4 balanced segments: the job's defaults."""
+    _assert_pp2_matches(model_run, model_unpipelined)
+
+
+# qwen3_moe_debug (316M parameters) runs Seq1F1B only: the variant runs on deepseek_v3 and
+# gpt_oss, and all three route through torchtitan's one MoE module.
+@pytest.mark.parametrize("model_run", ["deepseek_v3", "gpt_oss"], indirect=True)
+def test_model_interleaved_pp2_matches_unpipelined(model_run, model_unpipelined):
+    _assert_pp2_matches(
+        model_run, model_unpipelined,
+        "--seq1f1b.schedule", "InterleavedSeq1F1B",
+        "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--seq1f1b.num_segments", "2",
+    )
+
+
+def _assert_pp2_matches(model_run, model_unpipelined, *schedule_args: str) -> None:
+    pipelined = model_run(2, "--parallelism.pipeline_parallel_degree", "2", *schedule_args, name="pp2")
+    assert "Using pipeline schedule" in pipelined.output and "Seq1F1B" in pipelined.output
+    assert_same_training(pipelined, model_unpipelined)
+    _assert_same_expert_biases(pipelined, model_unpipelined)
+
+
+def _assert_same_expert_biases(run, reference_run) -> None:
+    """Every MoE layer's expert bias ends equal, and load balancing moved some."""
+    biases, reference = _expert_biases(run), _expert_biases(reference_run)
+    assert biases.keys() == reference.keys() and reference
+    for name, bias in reference.items():
+        assert torch.equal(biases[name], bias), name
+    assert any(bias.any() for bias in reference.values())
+
+
+def _expert_biases(run) -> dict[str, torch.Tensor]:
+    """Every MoE layer's ``expert_bias_E`` (experts,) at the run's last step."""
+    saved = run.dump_folder / "final_model.pt"
+    if not saved.exists():
+        dcp_to_torch_save(run.dump_folder / "checkpoint" / f"step-{STEPS}", saved)
+    model = torch.load(saved, weights_only=True)
+    return {name: value for name, value in model.items() if name.endswith(".expert_bias_E")}
 
 
 def test_a_config_neither_ours_nor_torchtitans_fails_naming_the_closest(tmp_path):
