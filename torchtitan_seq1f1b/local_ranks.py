@@ -24,7 +24,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(worker, rank, world_size, port, results, backend, group_timeout, args):
+def _entry(worker, rank, world_size, port, results, backend, group_timeout, environ, cwd, args):
+    # A fork of the server runs with the server's environment and directory: take the caller's.
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     # One intra-op thread per rank: ranks share the machine's cores.
     torch.set_num_threads(1)
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
@@ -50,6 +54,14 @@ def _entry(worker, rank, world_size, port, results, backend, group_timeout, args
             dist.destroy_process_group()
 
 
+def _forkserver(module: str) -> multiprocessing.context.BaseContext:
+    """The forkserver context; its server, started at the first call, preloads ``module``."""
+    ctx = multiprocessing.get_context("forkserver")
+    # Takes effect when the server starts, at the first launch only.
+    ctx.set_forkserver_preload([module])
+    return ctx
+
+
 class RankFailure(RuntimeError):
     """Raised in the parent with every failing rank's error."""
 
@@ -71,17 +83,19 @@ def run_ranks(
     ``backend`` is "gloo" or "nccl" (rank r then runs on GPU r);
     ``group_timeout`` the process group's collective timeout in seconds
     (torch's default if None).
-    ``worker`` must be importable (spawned processes re-import it). Returns
+    ``worker`` must be importable. Ranks fork from a server that imported the first
+    worker's module (and torch) once, instead of each importing torch anew. Returns
     each rank's result; raises RankFailure if any rank raised and
     TimeoutError (after killing every rank) if they do not all finish.
     """
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _forkserver(worker.__module__)
     results = ctx.Queue()
     port = _free_port()
+    environ, cwd = dict(os.environ), os.getcwd()
     procs = [
         ctx.Process(
             target=_entry,
-            args=(worker, rank, world_size, port, results, backend, group_timeout, args),
+            args=(worker, rank, world_size, port, results, backend, group_timeout, environ, cwd, args),
         )
         for rank in range(world_size)
     ]
