@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 
 def _entry(worker, rank, world_size, port, results, backend, group_timeout, environ, cwd, args):
-    # A fork of the server runs with the server's environment and directory: take the caller's.
+    # A fork of the server has the server's environment and directory: take the caller's.
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
@@ -54,10 +54,13 @@ def _entry(worker, rank, world_size, port, results, backend, group_timeout, envi
             dist.destroy_process_group()
 
 
-def _forkserver(module: str) -> multiprocessing.context.BaseContext:
-    """The forkserver context; its server, started at the first call, preloads ``module``."""
+def _context(module: str, backend: str) -> multiprocessing.context.BaseContext:
+    """Where ranks start: GPU ranks spawn fresh (CUDA cannot run in a fork of a process
+    that initialised it); CPU ranks fork from a server that imported ``module`` once,
+    at the first launch (later preload lists do not restart it)."""
+    if backend == "nccl":
+        return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    # Takes effect when the server starts, at the first launch only.
     ctx.set_forkserver_preload([module])
     return ctx
 
@@ -83,12 +86,13 @@ def run_ranks(
     ``backend`` is "gloo" or "nccl" (rank r then runs on GPU r);
     ``group_timeout`` the process group's collective timeout in seconds
     (torch's default if None).
-    ``worker`` must be importable. Ranks fork from a server that imported the first
-    worker's module (and torch) once, instead of each importing torch anew. Returns
+    ``worker`` must be importable. Gloo ranks fork from a server that imported the
+    first worker's module (and torch) once, instead of each importing torch anew;
+    either way a rank runs in the caller's environment and directory. Returns
     each rank's result; raises RankFailure if any rank raised and
     TimeoutError (after killing every rank) if they do not all finish.
     """
-    ctx = _forkserver(worker.__module__)
+    ctx = _context(worker.__module__, backend)
     results = ctx.Queue()
     port = _free_port()
     environ, cwd = dict(os.environ), os.getcwd()
