@@ -8,8 +8,8 @@
 - multi-process exactness: cases, the unsplit reference, pipelined runs
   (:mod:`torchtitan_seq1f1b.check.exactness`), optionally through a GPU
   kernel's CPU stand-in, and the gloo launcher;
-- torchtitan jobs under torchrun (:mod:`torchtitan_seq1f1b.check.titan_runs`)
-  and the comparison of two such runs.
+- torchtitan jobs (:mod:`torchtitan_seq1f1b.check.titan_runs`), their ranks
+  forked from the session's job server, and the comparison of two such runs.
 """
 
 import contextlib
@@ -29,7 +29,9 @@ from torchtitan_seq1f1b.check import exactness, segmented
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.local_ranks import RankFailure, run_ranks
-from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, REPO, Run, RunFailed, TEST_ARGS, torchrun
+from torchtitan_seq1f1b.check import titan_runs
+from torchtitan_seq1f1b.check.job_server import JobServer
+from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, REPO, Run, RunFailed, TEST_ARGS
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b import schedules as schedule_module
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -74,6 +76,12 @@ __all__ = [
     "torchrun",
     "worst_relative_grad_error",
 ]
+
+# The session's torchtitan jobs fork their ranks from preloaded servers
+# (check/job_server.py); tests/check/test_job_server.py shows a job trains there
+# as under torchrun.
+JOB_SERVER = JobServer()
+torchrun = functools.partial(titan_runs.torchrun, server=JOB_SERVER)
 
 # Modules a torchtitan training process must not load: tools, checks, benchmarks.
 NOT_FOR_TRAINING = (

@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Run torchtitan jobs as torchrun subprocesses and read back their metrics.
+"""Run torchtitan jobs under torchrun (or forked from a :class:`JobServer`) and read back their metrics.
 
 For the tests and ``python -m torchtitan_seq1f1b.check``, on whichever
 torchtitan release is installed: 0.2.2 runs the source checkout's
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from torchtitan_seq1f1b.check.job_server import JobServer
 from torchtitan_seq1f1b.integration import titan_release
 
 __all__ = [
@@ -83,7 +84,7 @@ def job_args(dump_folder: Path, config: Path | str | None = None) -> tuple[str, 
 
 class RunFailed(RuntimeError):
     def __init__(self, returncode: int, output: str):
-        super().__init__(f"torchrun exited with {returncode}:\n{output[-6000:]}")
+        super().__init__(f"the job exited with {returncode}:\n{output[-6000:]}")
         self.returncode = returncode
         self.output = output
 
@@ -121,6 +122,7 @@ def torchrun(
     extra_env: dict[str, str] | None = None,
     device_thread: bool = True,
     launchers: tuple[str, ...] = (),
+    server: JobServer | None = None,
 ) -> Run:
     """``torchrun -m torchtitan.train`` on the debug config (or ``config``, see
     :func:`job_args`) plus ``args``, with
@@ -132,24 +134,26 @@ def torchrun(
     ``launchers``: modules run outermost first, each running the next
     (``python -m LAUNCHER MODULE ARGS...``). A job a rank aborts only after
     its process groups are destroyed runs once more (:func:`_aborted_in_teardown`).
+    ``server``: the ranks fork from it (CPU jobs only) instead of starting under torchrun.
     """
     train = [
         *launchers,
         *["torchtitan_seq1f1b.check.device_thread"] * device_thread,
         "torchtitan.train",
     ]
+    train_args = [*job_args(dump_folder, config), *args]
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--nproc_per_node", str(nproc),
         "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-        "-m", *train,
-        *job_args(dump_folder, config),
-        *args,
+        "-m", *train, *train_args,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", LOG_RANK=",".join(map(str, range(nproc))))
     env.update(extra_env or {})
 
     def launch() -> subprocess.CompletedProcess:
+        if server is not None:
+            return server.run(train, train_args, nproc, env, REPO, timeout)
         return subprocess.run(
             command,
             cwd=REPO,
