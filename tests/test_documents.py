@@ -29,11 +29,12 @@ def test_document_starts_and_pairs_follow_the_definition():
     assert starts[0].tolist() == [0] * 3 + [3] * 5 + [8] * 4
     assert starts[1].tolist() == [0] * 12
     # by brute force: pairs (t, u) with u <= t in one document
-    for start, end in ((0, 12), (5, 9), (8, 12)):
-        brute = sum(
-            int(row[u] == row[t]) for row in ids.tolist() for t in range(start, end) for u in range(t + 1)
-        )
-        assert attention_pairs(ids, start, end) == brute
+    spans = [(0, 12), (5, 9), (8, 12)]
+    brute = [
+        sum(int(row[u] == row[t]) for row in ids.tolist() for t in range(start, end) for u in range(t + 1))
+        for start, end in spans
+    ]
+    assert attention_pairs(ids, spans) == brute
 
 
 def test_segment_layout_gives_each_document_its_queries_and_keys():

@@ -124,15 +124,16 @@ def keys_per_query(ids: torch.Tensor) -> torch.Tensor:
     return positions - document_starts(ids) + 1
 
 
-def attention_pairs(ids: torch.Tensor, start: int, end: int) -> int:
-    """(query, key) pairs the document mask allows for queries in ``[start, end)``, over all rows.
+def attention_pairs(ids: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """Per ``(start, end)`` of ``spans``: the (query, key) pairs the document mask allows
+    for queries in ``[start, end)`` of (batch, seq_len) ``ids``, over all rows.
 
     This is the work a varlen kernel does; dense causal attention over the
     prefix does ``rows * sum(t + 1 for t in range(start, end))``.
     """
-    doc_start = document_starts(ids)[:, start:end]
-    positions = torch.arange(start, end, device=ids.device)
-    return int((positions - doc_start + 1).sum())
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    keys_seen = (positions - document_starts(ids) + 1).sum(dim=0)
+    return [int(keys_seen[start:end].sum()) for start, end in spans]
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,10 @@ def attention_pairs_per_segment(ids: torch.Tensor, plan: SegmentPlan) -> list[tu
         plan: the segments of ``[0, seq_len)``.
     """
     rows = ids.shape[0]
+    spans = list(zip(plan.offsets, plan.ends))
     return [
-        (attention_pairs(ids, start, end), rows * (end * (end + 1) - start * (start + 1)) // 2)
-        for start, end in zip(plan.offsets, plan.ends)
+        (masked, rows * (end * (end + 1) - start * (start + 1)) // 2)
+        for masked, (start, end) in zip(attention_pairs(ids, spans), spans)
     ]
 
 
