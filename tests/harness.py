@@ -36,6 +36,7 @@ from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b import schedules as schedule_module
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
+from tests import no_final_wait
 from tests.kernel_fakes import stand_in_backend
 
 __all__ = [
@@ -81,7 +82,14 @@ __all__ = [
 # (check/job_server.py); tests/check/test_job_server.py shows a job trains there
 # as under torchrun.
 JOB_SERVER = JobServer()
-torchrun = functools.partial(titan_runs.torchrun, server=JOB_SERVER)
+
+
+def torchrun(*args, launchers: tuple[str, ...] = (), **options) -> Run:
+    """:func:`titan_runs.torchrun`, its ranks forked from the session's job server and
+    its trainer without the final 2 s wait (:mod:`tests.no_final_wait`)."""
+    return titan_runs.torchrun(
+        *args, launchers=(no_final_wait.__name__, *launchers), server=JOB_SERVER, **options
+    )
 
 # Modules a torchtitan training process must not load: tools, checks, benchmarks.
 NOT_FOR_TRAINING = (

@@ -9,12 +9,15 @@ pytest``. The set-up part of the README's one-liners (venv, pip) is left out.
 Long commands run at smoke size, changed only as ``smoke`` says; outputs go
 to a scratch directory holding copies of docs/ and train_configs/. A
 torchtitan job runs on the stack it is written for (a TOML config: 0.2.2;
-``--module``: 0.3) and is skipped on the other. The benchmark's commands are
+``--module``: 0.3) and is skipped on the other; the README's main job runs
+under torchrun, the others fork their ranks from the tests' job server
+(``tests/check/test_job_server.py``: they train as under torchrun). The benchmark's commands are
 in benchmarks/README.md, which is not read here (they take minutes); every
 module a document names for ``python -m`` must still exist.
 """
 
 import hashlib
+import os
 import re
 import shlex
 import shutil
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO
+from tests.harness import JOB_SERVER, REPO
 from torchtitan_seq1f1b.check.titan_runs import titan_release
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -33,6 +36,10 @@ OTHER_DOCUMENTS = [REPO / "benchmarks" / "README.md", REPO / "tests" / "README.m
 RUNNERS = ("torchrun ", "python -m torchtitan_seq1f1b", "python -m pytest")
 SET_UP = ("python3 -m venv", ". .venv", "pip install")
 SMOKE_SEQ_LEN = 256
+TIMEOUT = 300
+MAIN_JOB = (
+    "torchrun --nproc_per_node 2 -m torchtitan.train --job.config_file train_configs/debug_seq1f1b.toml"
+)
 # Documented jobs that run a config of torchtitan's registries rather than ours.
 TORCHTITAN_CONFIGS = ("llama3_debugmodel",)
 # Documented commands a test runs as written and checks in more detail.
@@ -131,11 +138,7 @@ def test_the_readme_and_docs_show_the_main_commands():
     readme = (REPO / "README.md").read_text().splitlines()
     first = [line.strip() for line in readme if line.startswith("    ")][:2]
     assert all(line.startswith("python3 -m venv .venv && ") for line in first), first
-    assert [_without_set_up(line) for line in first] == [
-        "torchrun --nproc_per_node 2 -m torchtitan.train "
-        "--job.config_file train_configs/debug_seq1f1b.toml",
-        "python -m pytest tests -q",
-    ]
+    assert [_without_set_up(line) for line in first] == [MAIN_JOB, "python -m pytest tests -q"]
     commands = documented_commands()
     assert commands[:2] == [_without_set_up(line) for line in first]
     for command in (
@@ -192,10 +195,7 @@ def test_documented_command_works_as_written(command, scratch):
     release = _titan_release_of(command)
     if release not in (None, titan_release()):
         pytest.skip(f"a torchtitan {release} job; this stack has torchtitan {titan_release()}")
-    result = subprocess.run(
-        smoke(command, scratch), cwd=scratch, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=300,
-    )
+    result = _run(command, scratch)
     assert result.returncode == 0, f"{command}\n{result.stdout[-4000:]}"
     if not command.startswith("torchrun"):
         return
@@ -205,3 +205,18 @@ def test_documented_command_works_as_written(command, scratch):
         # where a rank holds none) and its LOG_RANK advice; 0.2.2's adapter
         # leaves only the rank holding the loss.
         assert "loss: -1" not in result.stdout and "LOG_RANK" not in result.stdout
+
+
+def _run(command: str, scratch) -> subprocess.CompletedProcess:
+    """``command`` at smoke size in ``scratch``, its output in stdout."""
+    argv = smoke(command, scratch)
+    if command.startswith("torchrun") and command != MAIN_JOB:
+        nproc = int(argv[argv.index("--nproc_per_node") + 1])
+        at = argv.index("-m", 3)  # the trainer's, after python -m torch.distributed.run
+        # torchrun's default for more than one rank per node
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        return JOB_SERVER.run([argv[at + 1]], argv[at + 2:], nproc, env, scratch, TIMEOUT)
+    return subprocess.run(
+        argv, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=TIMEOUT,
+    )
