@@ -14,9 +14,9 @@ slice for the other checkpointing modes: "selective_layer" and "selective_op"
 each on the balanced plans (k, m) = (2, 3) MHA, (3, 2) GQA and (4, 1) MHA.
 At pp=4, where four ranks share two cores, a diagonal of it: every k once
 on a balanced plan with MHA and GQA, "none" and "full" in turn, and each
-selective mode. Under torchtitan 0.3 (CI's torch 2.15 stack) pp=2 runs that
-diagonal too: the main stack runs the grid, and the diagonal reaches every
-torch-specific path. Every backward runs on a fresh thread (``Case.device_thread``).
+selective mode. Off the main stack (torchtitan 0.2.2) pp=2 runs that diagonal
+too: CI's other torch releases need the torch-specific paths, which the
+diagonal reaches, and the main stack runs the grid. Every backward runs on a fresh thread (``Case.device_thread``).
 """
 
 import itertools
@@ -71,7 +71,7 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
-# (k, m, n_kv_heads, activation_checkpoint) on balanced plans: pp=4, and pp=2 on torchtitan 0.3.
+# (k, m, n_kv_heads, activation_checkpoint) on balanced plans: pp=4, and pp=2 off the main stack.
 DIAGONAL = [
     Case(m, _plan("balanced", k, n_kv_heads).lengths, n_kv_heads=n_kv_heads, activation_checkpoint=ac)
     for k, m, n_kv_heads, ac in (
@@ -79,7 +79,7 @@ DIAGONAL = [
         (2, 3, 4, "selective_layer"), (3, 2, 2, "selective_op"), (4, 1, 4, "selective_op"),
     )
 ]
-PP2_CASES = DIAGONAL if titan_release() == "0.3" else CASES
+PP2_CASES = CASES if titan_release() == "0.2" else DIAGONAL
 
 
 def _case_id(case: Case) -> str:
