@@ -17,34 +17,42 @@ class ScheduleOrderError(ValueError):
     """A compute order that is incomplete, misordered or would deadlock."""
 
 
+def _any_has(unit: tuple[int, int], *sets: set[Unit]) -> bool:
+    return any(unit in units for units in sets)
+
+
 def _check_stage_sequence(
     stage: int, actions: list[SegmentAction], n_microbatches: int, num_segments: int
 ) -> None:
     """Completeness, forward unit order and LIFO segment backward on one stage."""
     done: dict[str, list[Unit]] = defaultdict(list)
+    # Sets beside the lists: an order validates in time linear in its actions.
+    seen: dict[str, set[Unit]] = defaultdict(set)
     for step, action in enumerate(actions):
-        where = f"stage {stage}, step {step} ({action})"
-        if action.microbatch >= n_microbatches or action.segment >= num_segments:
-            raise ScheduleOrderError(f"{where}: unit out of range")
-        if action.unit in done[action.kind]:
-            raise ScheduleOrderError(f"{where}: {action.kind} runs twice for this unit")
-        i, j = action.unit
-        if action.kind in "BI":
-            if action.unit not in done["F"]:
-                raise ScheduleOrderError(f"{where}: backward before its forward")
-            if j + 1 < num_segments and (i, j + 1) not in done["B"] + done["I"]:
-                raise ScheduleOrderError(
-                    f"{where}: segment {j} backward before segment {j + 1}; "
+        kind, unit = action.kind, action.unit
+        i, j = unit
+        error = None
+        if i >= n_microbatches or j >= num_segments:
+            error = "unit out of range"
+        elif unit in seen[kind]:
+            error = f"{kind} runs twice for this unit"
+        elif kind in "BI":
+            if unit not in seen["F"]:
+                error = "backward before its forward"
+            elif j + 1 < num_segments and not _any_has((i, j + 1), seen["B"], seen["I"]):
+                error = (
+                    f"segment {j} backward before segment {j + 1}; "
                     "segments of a microbatch must run backward last to first"
                 )
-        if action.kind == "W":
-            if action.unit not in done["I"]:
-                raise ScheduleOrderError(f"{where}: weight gradient before input gradient")
-            if j + 1 < num_segments and (i, j + 1) not in done["W"] + done["B"]:
-                raise ScheduleOrderError(
-                    f"{where}: segment {j} weight gradient before segment {j + 1}"
-                )
-        done[action.kind].append(action.unit)
+        elif kind == "W":
+            if unit not in seen["I"]:
+                error = "weight gradient before input gradient"
+            elif j + 1 < num_segments and not _any_has((i, j + 1), seen["W"], seen["B"]):
+                error = f"segment {j} weight gradient before segment {j + 1}"
+        if error is not None:
+            raise ScheduleOrderError(f"stage {stage}, step {step} ({action}): {error}")
+        done[kind].append(unit)
+        seen[kind].add(unit)
     expected = forward_units(n_microbatches, num_segments)
     if done["F"] != expected:
         raise ScheduleOrderError(
@@ -60,19 +68,18 @@ def _check_stage_sequence(
 def _check_progress(order: Order, num_stages: int) -> None:
     """Run the ranks in lockstep on their data dependencies; fail if all wait."""
     position = {rank: 0 for rank in order}
-    finished: set[SegmentAction] = set()
+    # (stage, kind, microbatch, segment) of every action run so far.
+    finished: set[tuple[int, str, int, int]] = set()
 
     def ready(action: SegmentAction) -> bool:
+        stage, i, j = action.stage, action.microbatch, action.segment
         if action.kind == "F":
-            return action.stage == 0 or (
-                SegmentAction(action.stage - 1, "F", *action.unit) in finished
-            )
+            return stage == 0 or (stage - 1, "F", i, j) in finished
         if action.kind in "BI":
-            if action.stage == num_stages - 1:
-                return True
-            return any(
-                SegmentAction(action.stage + 1, kind, *action.unit) in finished
-                for kind in "BI"
+            return (
+                stage == num_stages - 1
+                or (stage + 1, "B", i, j) in finished
+                or (stage + 1, "I", i, j) in finished
             )
         return True
 
@@ -86,7 +93,8 @@ def _check_progress(order: Order, num_stages: int) -> None:
             waiting = [str(order[r][position[r]]) for r in order if position[r] < len(order[r])]
             raise ScheduleOrderError(f"deadlock: every rank waits; next actions {waiting}")
         for rank in runnable:
-            finished.add(order[rank][position[rank]])
+            action = order[rank][position[rank]]
+            finished.add((action.stage, action.kind, action.microbatch, action.segment))
             position[rank] += 1
 
 
