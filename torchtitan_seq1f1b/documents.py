@@ -120,6 +120,11 @@ def keys_per_query(ids: torch.Tensor) -> torch.Tensor:
         error = _DECREASING
     if error is not None:
         raise ValueError(error)
+    return _keys_seen(ids)
+
+
+def _keys_seen(ids: torch.Tensor) -> torch.Tensor:
+    """:func:`keys_per_query` of ids already checked (or only counted)."""
     positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
     return positions - document_starts(ids) + 1
 
@@ -131,9 +136,8 @@ def attention_pairs(ids: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list
     This is the work a varlen kernel does; dense causal attention over the
     prefix does ``rows * sum(t + 1 for t in range(start, end))``.
     """
-    positions = torch.arange(ids.shape[1], device=ids.device)
-    keys_seen = (positions - document_starts(ids) + 1).sum(dim=0)
-    return [int(keys_seen[start:end].sum()) for start, end in spans]
+    per_position = _keys_seen(ids).sum(dim=0)
+    return [int(per_position[start:end].sum()) for start, end in spans]
 
 
 @dataclass(frozen=True)
