@@ -272,15 +272,14 @@ def _run_job(job: dict) -> dict:
             _run_rank(job, rank, port, errors / f"{rank}.json")
         ranks[pid] = rank
     deadline = time.monotonic() + job["timeout"]
-    codes: dict[int, int] = {}
-    first_failed = failed_at = stopped_at = None
+    codes: dict[int, int] = {}  # rank -> exit code, in the order the ranks ended
+    failed_at = stopped_at = None
     while ranks:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid:
-            rank = ranks.pop(pid)
-            codes[rank] = os.waitstatus_to_exitcode(status)
-            if codes[rank] != 0 and first_failed is None:
-                first_failed, failed_at = rank, time.monotonic()
+            code = codes[ranks.pop(pid)] = os.waitstatus_to_exitcode(status)
+            if code != 0 and failed_at is None:
+                failed_at = time.monotonic()
             continue
         now = time.monotonic()
         if now > deadline:
@@ -300,7 +299,8 @@ def _run_job(job: dict) -> dict:
         with open(job["output"], "a") as output:
             output.write(_failure_summary(failed, codes, errors))
     shutil.rmtree(errors)
-    return {"timed_out": False, "returncode": 0 if first_failed is None else codes[first_failed]}
+    first_failure = next((code for code in codes.values() if code != 0), 0)
+    return {"timed_out": False, "returncode": first_failure}
 
 
 def _failure_summary(failed: list[int], codes: dict[int, int], errors: Path) -> str:
