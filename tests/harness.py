@@ -515,7 +515,7 @@ def compiled_parallel_matches(run, degree_args: tuple[str, ...]) -> None:
 
 
 def assert_same_training(
-    run: Run, reference: Run, rtol: float = TORCHTITAN_RTOL, min_steps: int = 5
+    run: Run, reference: Run, rtol: float = TORCHTITAN_RTOL, min_steps: int = 3
 ) -> None:
     """Same logged steps (at least ``min_steps``), losses and step-1 grad_norm within ``rtol``.
 

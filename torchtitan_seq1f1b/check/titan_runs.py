@@ -52,7 +52,7 @@ TEST_ARGS_0_2 = (
     "--optimizer.lr", "5e-3",
     "--training.local_batch_size", "4",
     "--parallelism.pipeline_parallel_microbatch_size", "2",
-    "--training.steps", "6",
+    "--training.steps", "3",
     "--training.mixed_precision_param", "float32",
     "--lr_scheduler.warmup_steps", "2",
     "--metrics.log_freq", "1",
@@ -66,7 +66,7 @@ TEST_ARGS_0_3 = (
     "--dataloader.dataset_path", "doc_tokens=41,words=64",
     "--training.local_batch_size", "4",
     "--parallelism.pipeline_parallel_microbatch_size", "2",
-    "--training.steps", "6",
+    "--training.steps", "3",
     "--lr_scheduler.warmup_steps", "2",
     "--metrics.log_freq", "1",
 )

@@ -70,7 +70,7 @@ def test_block_causal_pp2_matches_unpipelined(run, unpipelined, schedule, args):
     if "--validation.enable" in args:
         validation = seq1f1b.scalars("validation_metrics/loss")
         reference = unpipelined.scalars("validation_metrics/loss")
-        assert {3, 6} <= set(validation) == set(reference)
+        assert {1, 3} <= set(validation) == set(reference)
         for step, loss in reference.items():
             assert validation[step] == pytest.approx(loss, rel=TORCHTITAN_RTOL), step
 

@@ -30,7 +30,7 @@ from tests.integration.titan_0_3 import input_dtype_experts
 # Model family: its debug config in torchtitan's registry, the steps each run trains
 # and the job's own flags.
 MODELS = {
-    "deepseek_v3": ("deepseek_v3_debugmodel", 5, ()),
+    "deepseek_v3": ("deepseek_v3_debugmodel", 3, ()),
     # 316M parameters (64 experts): one sequence per microbatch, and two steps (a CPU step
     # takes about 27 s), the second from the first's update.
     "qwen3_moe": ("qwen3_moe_debug", 2, (
@@ -38,7 +38,7 @@ MODELS = {
     )),
     # Documents of 201 tokens drifting across rows of 256, so that the sliding windows
     # (128 keys) cut what a query sees, across segment borders.
-    "gpt_oss": ("gpt_oss_debugmodel", 5, (
+    "gpt_oss": ("gpt_oss_debugmodel", 3, (
         "--training.seq_len", "256", "--dataloader.dataset_path", "doc_tokens=201,words=128",
         "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1",
     )),

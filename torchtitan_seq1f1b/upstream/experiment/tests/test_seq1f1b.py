@@ -60,7 +60,7 @@ def test_pp2_seq1f1b_matches_unpipelined(tmp_path, seed_checkpoint):
     seq1f1b = train(tmp_path / "pp2", 2, seed_checkpoint)
     assert "Using pipeline schedule Seq1F1B" in seq1f1b.output
     steps = sorted(reference.losses)
-    assert len(steps) >= 5 and sorted(seq1f1b.losses) == steps
+    assert len(steps) >= 3 and sorted(seq1f1b.losses) == steps
     for step in steps:
         assert seq1f1b.losses[step] == pytest.approx(
             reference.losses[step], rel=RTOL
