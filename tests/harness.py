@@ -49,6 +49,7 @@ __all__ = [
     "HEADS",
     "PLANS",
     "REPO",
+    "RESUME_STEPS",
     "RankFailure",
     "Run",
     "RunFailed",
@@ -475,6 +476,9 @@ def worst_relative_grad_error(ranks: list[dict], ref: dict) -> float:
 # torchtitan runs in float32 from one seed checkpoint: Seq1F1B against the
 # non-pipelined run, per-step losses and the step-1 grad_norm.
 TORCHTITAN_RTOL = 1e-4
+# The resume tests' runs: resumed from step 2's checkpoint, the second of the two
+# steps after it runs on state the first updated after the resume.
+RESUME_STEPS = ("--training.steps", "4")
 
 
 COMPILE_ARGS = ("--compile.enable",)

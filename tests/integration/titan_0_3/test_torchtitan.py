@@ -23,6 +23,7 @@ from torchtitan_seq1f1b.planner import CACHE_ENV, GIB, NoPlanFitsError
 from tests.harness import (
     assert_same_training,
     largest_difference,
+    RESUME_STEPS,
     RunFailed,
     TEST_ARGS,
     TORCHTITAN_RTOL as RTOL,
@@ -177,11 +178,6 @@ def test_tolerance_catches_broken_seq1f1b(run, unpipelined, broken):
     assert largest_difference(seq1f1b, unpipelined) > RTOL
     with pytest.raises(AssertionError):
         assert_same_training(seq1f1b, unpipelined)
-
-
-# Two steps from the checkpoint of step 2: the second runs on state the first
-# updated after the resume.
-RESUME_STEPS = ("--training.steps", "4")
 
 
 def test_resume_continues_the_uninterrupted_run(run, tmp_path):
