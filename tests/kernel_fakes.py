@@ -11,9 +11,11 @@ stand-in both calls the kernel the way it must and gets exact answers.
 """
 
 import functools
+import inspect
 import math
 
 import torch
+import torch.nn.attention.varlen
 
 from torchtitan_seq1f1b.attention import (
     AttentionBackend,
@@ -185,17 +187,22 @@ class FakeFlashAttnVarlenFunc(_Recorder):
 class FakeTorchVarlenAttn(_Recorder):
     """``torch.nn.attention.varlen.varlen_attn``: packed (tokens, H, D), int32
     ``cu_seq_q``/``cu_seq_k``; ``window_size=(-1, 0)`` is causal from the bottom
-    right of each sequence; ``enable_gqa`` is required when head counts differ."""
+    right of each sequence; ``enable_gqa`` is required when head counts differ, on a
+    torch whose ``varlen_attn`` takes it (2.12+), and refused on one that does not."""
 
     @_on_device
     def __call__(
         self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
-        scale=None, window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None,
-        num_splits=None,
+        scale=None, window_size=(-1, -1), seqused_k=None, block_table=None,
+        num_splits=None, **options,
     ):
         assert window_size == (-1, 0), "causal attention is window_size=(-1, 0)"
         assert return_aux is None and seqused_k is None and block_table is None
-        assert enable_gqa or query.shape[1] == key.shape[1], "enable_gqa for grouped K/V"
+        real = inspect.signature(torch.nn.attention.varlen.varlen_attn).parameters
+        assert set(options) <= set(real) & {"enable_gqa"}, f"varlen_attn takes no {options}"
+        if "enable_gqa" in real:
+            grouped = options.get("enable_gqa", False)
+            assert grouped or query.shape[1] == key.shape[1], "enable_gqa for grouped K/V"
         # One tensor for both would make torch 2.15 pick cuDNN, which aligns top-left.
         assert cu_seq_q is not cu_seq_k, "cu_seq_q and cu_seq_k are distinct tensors"
         sequences = _check_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)

@@ -33,7 +33,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b._torch_compat import (
     _Action,
-    _PipelineScheduleRuntime,
+    PipelineRuntime,
     lower_forward_only,
     resize_recv_buffers,
     set_finalize_gradients,
@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 
-class ScheduleSeq1F1B(_PipelineScheduleRuntime):
+class ScheduleSeq1F1B(PipelineRuntime):
     """Seq1F1B with one pipeline stage per rank.
 
     Constructed and stepped like torch's schedules: ``step(*args, target=...,

@@ -14,8 +14,10 @@ CUDA = KernelTarget(torch.device("cuda"), torch.bfloat16, 128)
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """A GPU of the capability set in ``gpu["capability"]`` with the modules in ``gpu["installed"]``."""
+    """A GPU of the capability set in ``gpu["capability"]`` with the modules in
+    ``gpu["installed"]``, under a torch whose FA4/FA3 overrides run varlen (2.12+)."""
     state = {"capability": (9, 0), "installed": set(), "activated": [], "hip": None}
+    monkeypatch.setattr(newer_flash, "FLASH_IMPLS_RUN_VARLEN", True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: state["capability"])
     monkeypatch.setattr(newer_flash, "_importable", lambda module: module in state["installed"])
     monkeypatch.setattr(torch.version, "hip", None)
@@ -43,6 +45,16 @@ def test_the_newest_installed_kernel_the_gpu_runs(gpu, capability, installed, ex
     assert newer_flash.newer_flash_impl(CUDA) == expected
     assert newer_flash.activate_newer_flash(CUDA) == expected
     assert gpu["activated"] == ([expected] if expected else [])
+
+
+def test_torch_2_11_keeps_flash_attention_2_and_says_so(gpu, monkeypatch, caplog):
+    """torch 2.11's FA4/FA3 overrides refuse varlen calls: installed or not, none is routed."""
+    gpu["installed"] = {"flash_attn.cute.interface", "flash_attn_interface"}
+    monkeypatch.setattr(newer_flash, "FLASH_IMPLS_RUN_VARLEN", False)
+    with caplog.at_level("INFO", logger=newer_flash.__name__):
+        assert newer_flash.activate_newer_flash(CUDA) is None
+    assert gpu["activated"] == []
+    assert "FA4 is installed" in caplog.text and "torch >= 2.12" in caplog.text
 
 
 def test_never_on_rocm_or_off_cuda(gpu, monkeypatch):

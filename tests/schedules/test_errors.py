@@ -132,11 +132,11 @@ def test_bad_document_ids_fail_on_every_rank_naming_the_keyword():
 
 def test_untested_torch_is_refused_with_the_fix(monkeypatch):
     monkeypatch.delenv(ALLOW_UNTESTED_ENV, raising=False)
-    with pytest.raises(RuntimeError, match=r"tested with torch>=2.13,<2.16.*pip install"):
+    with pytest.raises(RuntimeError, match=r"tested with torch>=2.11,<2.16.*pip install"):
         check_torch_version("2.16.0")
     with pytest.raises(RuntimeError, match=ALLOW_UNTESTED_ENV):
-        check_torch_version("2.12.1+cpu")
-    for tested in ("2.13.0+cpu", "2.14.1", "2.15.0+cu132"):
+        check_torch_version("2.10.0+cpu")
+    for tested in ("2.11.0+cu130", "2.12.1", "2.13.0+cpu", "2.14.1", "2.15.0+cu132"):
         check_torch_version(tested)
     monkeypatch.setenv(ALLOW_UNTESTED_ENV, "1")
     check_torch_version("2.16.0")

@@ -7,11 +7,13 @@ Seq1F1B rides on torch's pipeline runtime (action IR, lowering passes, stage
 send/receive machinery). Those pieces are private, so they are imported here
 and nowhere else, and the torch versions they were tested against are pinned:
 
-- :mod:`.stage_hooks`: the stage attributes that every tested torch shares
-  (per-chunk receive metadata, compute entry points, validation flag);
+- :mod:`.stage_hooks`: the stage's compute entry points, which every tested
+  torch shares;
 - one runtime module per torch whose private runtime differs
-  (:mod:`.pipelining_2_13` for 2.13 and 2.14, :mod:`.pipelining_2_15`), whose
+  (:mod:`.pipelining_2_11`, :mod:`.pipelining_2_12`, :mod:`.pipelining_2_13`
+  for 2.13 and 2.14, :mod:`.pipelining_2_15`), whose runtime base class and
   functions are re-exported from here for the installed torch;
+  :mod:`.stage_metadata` holds the receive metadata that 2.12-2.15 share;
 - :mod:`.introspection`: hooks the benchmark and the simulator use to time
   torch's p2p waits and read torch's own schedule orders. Training never
   imports it;
@@ -31,7 +33,7 @@ from importlib import import_module
 import torch
 
 # Inclusive lower bound, exclusive upper bound (major, minor).
-TESTED_TORCH_RANGE = ((2, 13), (2, 16))
+TESTED_TORCH_RANGE = ((2, 11), (2, 16))
 ALLOW_UNTESTED_ENV = "SEQ1F1B_ALLOW_UNTESTED_TORCH"
 
 
@@ -67,31 +69,41 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
     _Action,
     _add_send_recv,
     _ComputationType,
-    _PipelineScheduleRuntime,
     _simulate_comms_compute,
 )
 
-# An untested newer torch (allowed by the environment variable) gets the newest
-# runtime module, an older one the oldest.
-_RUNTIME = "pipelining_2_15" if _release(torch.__version__) >= (2, 15) else "pipelining_2_13"
-_runtime = import_module(f"{__name__}.{_RUNTIME}")
+
+TORCH_RELEASE = _release(torch.__version__)
+
+
+def _runtime_module(release: tuple[int, int]) -> str:
+    """The runtime module for ``release``; an untested newer torch (allowed by the
+    environment variable) gets the newest, an older one the oldest."""
+    for first, module in (((2, 15), "pipelining_2_15"), ((2, 13), "pipelining_2_13"),
+                          ((2, 12), "pipelining_2_12")):
+        if release >= first:
+            return module
+    return "pipelining_2_11"
+
+
+_runtime = import_module(f"{__name__}.{_runtime_module(TORCH_RELEASE)}")
+PipelineRuntime = _runtime.PipelineRuntime
 lower_forward_only = _runtime.lower_forward_only
+resize_recv_buffers = _runtime.resize_recv_buffers
+runtime_validation_disabled = _runtime.runtime_validation_disabled
 set_finalize_gradients = _runtime.set_finalize_gradients
 stage_outputs = _runtime.stage_outputs
 
-from torchtitan_seq1f1b._torch_compat.stage_hooks import (  # noqa: E402
-    resize_recv_buffers,
-    runtime_validation_disabled,
-    wrap_stage_compute,
-)
+from torchtitan_seq1f1b._torch_compat.stage_hooks import wrap_stage_compute  # noqa: E402
 
 __all__ = [
     "ALLOW_UNTESTED_ENV",
+    "PipelineRuntime",
     "TESTED_TORCH_RANGE",
+    "TORCH_RELEASE",
     "_Action",
     "_add_send_recv",
     "_ComputationType",
-    "_PipelineScheduleRuntime",
     "_simulate_comms_compute",
     "check_torch_version",
     "lower_forward_only",

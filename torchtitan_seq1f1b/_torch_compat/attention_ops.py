@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The backward of torch's varlen attention, which torch only calls from autograd.
+"""torch's attention ops below the public API, and what each torch's support for them is.
 
 ``torch.nn.attention.varlen.varlen_attn`` is public; its backward is the
 private op ``torch_attn::_varlen_attn_backward`` (same leading arguments on
@@ -12,7 +12,13 @@ autograd and calls it itself.
 import torch
 import torch.nn.attention.varlen  # noqa: F401 - registers torch_attn ops
 
-__all__ = ["varlen_attn_backward"]
+from torchtitan_seq1f1b._torch_compat import TORCH_RELEASE
+
+__all__ = ["FLASH_IMPLS_RUN_VARLEN", "varlen_attn_backward"]
+
+# torch 2.11's FlashAttention-4/-3 overrides of its flash ops refuse every varlen
+# call: they take varlen_attn's causal window (-1, 0) for a sliding window.
+FLASH_IMPLS_RUN_VARLEN = TORCH_RELEASE >= (2, 12)
 
 
 def varlen_attn_backward(

@@ -64,17 +64,20 @@ def timed_p2p_waits() -> Iterator[P2PWaitTime]:
 def recorded_p2p_receives() -> Iterator[list[torch.Size]]:
     """The shape of every buffer torch's pipeline runtime posts a receive into.
 
-    Every pipeline send and receive of torch 2.13-2.15 is issued through
+    Every pipeline send and receive of torch 2.11-2.15 is issued through
     ``schedules._batch_p2p``, a module global looked up at call time; the
     receive buffer of each ``irecv`` in a batch is the tensor the peer's
-    message lands in, whether the runtime allocated it up front (2.13/2.14) or
-    just before the receive (2.15).
+    message lands in, whether the runtime allocated it up front (2.11-2.14) or
+    just before the receive (2.15). The one-element receive by which torch
+    2.11 opens each neighbour's channel is no activation and is left out.
     """
     original = _schedules._batch_p2p
     shapes: list[torch.Size] = []
 
     def recording_batch_p2p(p2p_ops, *args, **kwargs):
-        shapes.extend(op.tensor.shape for op in p2p_ops if op.op is dist.irecv)
+        shapes.extend(
+            op.tensor.shape for op in p2p_ops if op.op is dist.irecv and op.tensor.dim() > 1
+        )
         return original(p2p_ops, *args, **kwargs)
 
     _schedules._batch_p2p = recording_batch_p2p

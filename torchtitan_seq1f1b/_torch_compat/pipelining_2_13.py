@@ -3,50 +3,33 @@
 
 """The private pipelining runtime of torch 2.13 and 2.14, as Seq1F1B's schedules use it.
 
-Action IR, lowering passes, a stage's cached forward outputs and gradient
-finalisation, as these versions define them. torch 2.14 only added pre-split
-``arg_mbs``/``kwarg_mbs``/``target_mbs`` to ``step()``/``eval()``, which
+2.12's, with the runtime's own signatures: ``_initialize_stages``,
+``_compute_loss`` and ``_step_microbatches`` take ``loss_kwargs``. torch 2.14
+only added pre-split ``arg_mbs``/``kwarg_mbs``/``target_mbs`` to
+``step()``/``eval()``, which
 :class:`~torchtitan_seq1f1b.stepping.ScheduleSeq1F1B` takes on every version.
 """
 
-from typing import Any
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-from torch.distributed.pipelining.schedules import (
-    _Action,
-    _add_send_recv,
-    _add_unshard_reshard,
-    _PipelineScheduleRuntime,
+from torchtitan_seq1f1b._torch_compat.pipelining_2_11 import (
+    lower_forward_only,
+    set_finalize_gradients,
+    stage_outputs,
 )
-from torch.distributed.pipelining.stage import _PipelineStageBase
+from torchtitan_seq1f1b._torch_compat.stage_metadata import (
+    resize_recv_buffers,
+    runtime_validation_disabled,
+)
 
-__all__ = ["lower_forward_only", "set_finalize_gradients", "stage_outputs"]
+__all__ = [
+    "PipelineRuntime",
+    "lower_forward_only",
+    "resize_recv_buffers",
+    "runtime_validation_disabled",
+    "set_finalize_gradients",
+    "stage_outputs",
+]
 
-
-def lower_forward_only(
-    schedule: _PipelineScheduleRuntime, compute: dict[int, list[_Action]]
-) -> dict[int, list[_Action]]:
-    """torch's lowering (FSDP unshard/reshard, sends, receives) of a forward-only order.
-
-    ``_PipelineScheduleRuntime._prepare_schedule_with_comms`` insists on one
-    backward per microbatch, so an eval order is lowered with its passes
-    directly.
-    """
-    with_unshard = {rank: _add_unshard_reshard(actions) for rank, actions in compute.items()}
-    return _add_send_recv(
-        with_unshard, lambda s: schedule.stage_index_to_group_rank[s], schedule._num_stages
-    )
-
-
-def stage_outputs(stage: _PipelineStageBase, chunk_id: int) -> tuple[Any, ...]:
-    """The outputs ``stage`` computed for ``chunk_id``, before they are sent."""
-    outputs, _ = stage.fwd_cache[chunk_id]
-    return outputs
-
-
-def set_finalize_gradients(schedule: _PipelineScheduleRuntime, finalize: bool) -> None:
-    """Whether this step reduces FSDP gradients at its end; always, before torch 2.15."""
-    if not finalize:
-        raise ValueError(
-            "step(finalize_gradients=False) needs torch >= 2.15; this torch reduces "
-            "FSDP gradients at the end of every step"
-        )
+# Its signatures (``loss_kwargs`` included) are the ones Seq1F1B's schedules call.
+PipelineRuntime = _PipelineScheduleRuntime

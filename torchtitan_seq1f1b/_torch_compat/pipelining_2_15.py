@@ -31,7 +31,22 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-__all__ = ["lower_forward_only", "set_finalize_gradients", "stage_outputs"]
+from torchtitan_seq1f1b._torch_compat.stage_metadata import (
+    resize_recv_buffers,
+    runtime_validation_disabled,
+)
+
+__all__ = [
+    "PipelineRuntime",
+    "lower_forward_only",
+    "resize_recv_buffers",
+    "runtime_validation_disabled",
+    "set_finalize_gradients",
+    "stage_outputs",
+]
+
+# Its signatures (``loss_kwargs`` included) are the ones Seq1F1B's schedules call.
+PipelineRuntime = _PipelineScheduleRuntime
 
 
 def lower_forward_only(

@@ -19,6 +19,7 @@ lower-right dispatch relies). GQA is native. The op has an autograd formula
 that saves q, k, v, the output and the logsumexp.
 """
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -91,8 +92,15 @@ def _window(documents: SegmentDocuments) -> tuple[int, int]:
     return (-1 if documents.window_left is None else documents.window_left, 0)
 
 
+# torch 2.11's varlen_attn has no enable_gqa: its flash kernel takes grouped K/V as they are.
+_TAKES_ENABLE_GQA = "enable_gqa" in inspect.signature(torch_varlen_attn).parameters
+
+
 def _varlen_options(q: torch.Tensor, k: torch.Tensor, scale: float | None, window) -> dict:
-    return dict(scale=scale, window_size=window, enable_gqa=q.shape[1] != k.shape[1])
+    options = dict(scale=scale, window_size=window)
+    if _TAKES_ENABLE_GQA:
+        options["enable_gqa"] = q.shape[1] != k.shape[1]
+    return options
 
 
 def varlen_attention(
