@@ -17,12 +17,15 @@ Checks, each a function of the device returning result rows:
   non-pipelined run from one seed checkpoint.
 
 The result is a pass/fail/skip table; the exit code is 1 if any row failed.
+``--gpu-report`` runs the single-GPU checks with ``--perf``'s table and a
+compiled block under a time budget (:mod:`~torchtitan_seq1f1b.check.report`).
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Result", "format_table", "relative_error", "worst"]
+__all__ = ["Result", "Task", "format_table", "relative_error", "run_tasks", "worst"]
 
 
 @dataclass
@@ -44,6 +47,33 @@ class Result:
         ok = error <= bound and not math.isnan(error)
         reason = "" if ok else f"error {error:.3g} > bound {bound:.3g}"
         return cls(name, "pass" if ok else "fail", {"error": error, "bound": bound, **measured}, reason)
+
+
+@dataclass(frozen=True)
+class Task:
+    """Rows a check computes together, named before they run: a time budget can
+    skip them by name, and a crash fails each of them. ``unmet`` says why they
+    cannot run here ("" if they can); they are then skipped with that reason."""
+
+    names: tuple[str, ...]
+    run: Callable[[], list[Result]]
+    unmet: str = ""
+
+    def skipped(self, reason: str) -> list[Result]:
+        return [Result(name, "skip", reason=reason) for name in self.names]
+
+    def crashed(self, crash: Exception) -> list[Result]:
+        reason = f"crashed: {type(crash).__name__}: {crash}"
+        return [Result(name, "fail", reason=reason) for name in self.names]
+
+    def results(self) -> list[Result]:
+        """Its rows: run, or skipped if ``unmet``."""
+        return self.skipped(self.unmet) if self.unmet else self.run()
+
+
+def run_tasks(tasks: list[Task]) -> list[Result]:
+    """Every task's rows, in order."""
+    return [row for task in tasks for row in task.results()]
 
 
 def relative_error(actual, expected) -> float:

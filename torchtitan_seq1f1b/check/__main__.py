@@ -6,7 +6,9 @@
 Prints a pass/fail/skip table and exits 1 if any check failed. Without CUDA
 and without ``--device cpu`` it says so, lists what it would run, and exits 0.
 ``--perf`` instead measures a stage's units and predicts a step
-(:mod:`torchtitan_seq1f1b.check.perf`).
+(:mod:`torchtitan_seq1f1b.check.perf`). ``--gpu-report OUTDIR [--budget-s S]``
+runs both, and a compiled block, within a time budget, into OUTDIR
+(:mod:`torchtitan_seq1f1b.check.report`).
 """
 
 import argparse
@@ -14,6 +16,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -21,6 +24,7 @@ from torchtitan_seq1f1b.check import format_table, Result
 from torchtitan_seq1f1b.check.distributed import pipelined_results, torchtitan_results
 from torchtitan_seq1f1b.check.kernels import kernel_results
 from torchtitan_seq1f1b.check.perf import CPU_SHAPE, format_perf, GPU_SHAPE, perf_results
+from torchtitan_seq1f1b.check.report import gpu_report
 from torchtitan_seq1f1b.check.stack import stack_results
 
 CHECKS = {
@@ -48,6 +52,8 @@ CHECKS = {
 }
 # On CPU the multi-process checks duplicate the test suite; run them with --checks.
 DEFAULT_CHECKS = {"cuda": tuple(CHECKS), "cpu": ("kernels", "stack")}
+# --gpu-report's: within 8 minutes on one H100, imports and the last row's overrun included.
+DEFAULT_BUDGET_S = 420.0
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -71,7 +77,27 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "tokens (k = 1, 2, 4, 8; every checkpointing mode) and predict Seq1F1B's step "
         "against 1F1B for pp = 4 and 8 (under 10 minutes on an H100)",
     )
+    parser.add_argument(
+        "--gpu-report", metavar="OUTDIR", type=Path,
+        help="run --perf's table, the kernel and single-GPU checks and a compiled block "
+        "within --budget-s, writing OUTDIR/report.json and OUTDIR/report.txt after every task",
+    )
+    parser.add_argument(
+        "--budget-s", type=float, metavar="SECONDS",
+        help="with --gpu-report: rows that would start too late are skipped "
+        f"(default {DEFAULT_BUDGET_S:.0f})",
+    )
     args = parser.parse_args(argv)
+    if args.gpu_report:
+        for given, flag in ((args.perf, "--perf"), (args.checks, "--checks"), (args.json, "--json")):
+            if given:
+                parser.error(f"--gpu-report runs its own sections into OUTDIR: leave out {flag}")
+        if args.device is None and not torch.cuda.is_available():
+            parser.error("--gpu-report: torch sees no CUDA device; --device cpu runs it small")
+    elif args.budget_s is not None:
+        parser.error("--budget-s is --gpu-report's time budget: add --gpu-report OUTDIR")
+    if args.budget_s is not None and args.budget_s < 0:
+        parser.error("--budget-s: seconds must be >= 0")
     if args.perf and args.checks:
         parser.error("--perf measures instead of checking: leave out --checks")
     unknown = set(args.checks or ()) - set(CHECKS)
@@ -103,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         print("`--device cpu` runs the parts that can run on the CPU.")
         return 0
     device = torch.device(args.device or "cuda")
+    if args.gpu_report:
+        budget_s = DEFAULT_BUDGET_S if args.budget_s is None else args.budget_s
+        given = sys.argv[1:] if argv is None else argv
+        command = " ".join(["python -m torchtitan_seq1f1b.check", *given])
+        return gpu_report(args.gpu_report, device, budget_s, command)
     if args.perf:
         return _perf(device, args.json)
     names = args.checks or DEFAULT_CHECKS[device.type]
@@ -142,11 +173,7 @@ def _perf(device: torch.device, json_path: str | None) -> int:
                 {
                     "device": name,
                     "torch": torch.__version__,
-                    "rows": [
-                        {**dataclasses.asdict(row["run"]), "plan": list(row["run"].plan.lengths),
-                         "k": row["k"], "speedup": row["speedup"]}
-                        for row in rows
-                    ],
+                    "rows": rows,
                 },
                 f,
                 indent=1,

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from torchtitan_seq1f1b.local_ranks import run_ranks
-from torchtitan_seq1f1b.check import relative_error, Result, worst
+from torchtitan_seq1f1b.check import relative_error, Result, Task, worst
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
 from torchtitan_seq1f1b.check.exactness import Case, pipelined_cases, reference
 from torchtitan_seq1f1b.integration.schedules import SPLIT_BACKWARD_SCHEDULES
@@ -26,7 +26,15 @@ from torchtitan_seq1f1b.check.titan_runs import (
     torchrun,
 )
 
-__all__ = ["pipelined_results", "torchtitan_results"]
+__all__ = [
+    "TORCHTITAN_ROW",
+    "missing_gpus",
+    "missing_torchtitan",
+    "multi_gpu_tasks",
+    "pipelined_names",
+    "pipelined_results",
+    "torchtitan_results",
+]
 
 WORLD_SIZE = 2
 STAGES_PER_RANK = {"Seq1F1B": 1, "InterleavedSeq1F1B": 2, "Seq1F1BZeroBubble": 1, "Seq1F1BZBV": 2}
@@ -34,12 +42,19 @@ STAGES_PER_RANK = {"Seq1F1B": 1, "InterleavedSeq1F1B": 2, "Seq1F1BZeroBubble": 1
 COMPILED_SCHEDULES = ("Seq1F1B", "InterleavedSeq1F1B")
 FLOAT64_BOUND = 1e-10  # the schedules reorder float64 sums; nothing else differs
 TORCHTITAN_BOUND = 1e-4  # float32 losses and step-1 grad_norm, as in the tests
+TORCHTITAN_ROW = f"torchtitan Seq1F1B PP={WORLD_SIZE} vs 1 process"
 
 
-def _missing_gpus(device: torch.device) -> str:
+def missing_gpus(device: torch.device) -> str:
+    """Why the checks cannot run on ``device`` for want of GPUs; "" if they can."""
     if device.type == "cuda" and torch.cuda.device_count() < WORLD_SIZE:
         return f"needs {WORLD_SIZE} GPUs (found {torch.cuda.device_count()})"
     return ""
+
+
+def missing_torchtitan() -> str:
+    """Why :func:`torchtitan_results` cannot run for want of torchtitan; "" if it can."""
+    return "" if titan_release() else "needs torchtitan (not installed)"
 
 
 def _cases(device: torch.device) -> list[Case]:
@@ -91,16 +106,21 @@ def _compare(case: Case, ranks: list[dict]) -> float:
     ])
 
 
-def pipelined_results(device: torch.device) -> list[Result]:
-    """Every schedule x checkpointing mode, float64, against unsplit training."""
-    cases = _cases(device)
+def pipelined_names(device: torch.device) -> list[str]:
+    """The rows :func:`pipelined_results` reports on ``device``, one per case."""
     backend = "nccl" if device.type == "cuda" else "gloo"
-    names = [
+    return [
         f"pipelined {c.schedule}{' compiled' if c.compile else ''} "
         f"ac={c.activation_checkpoint} ({WORLD_SIZE} ranks, {backend})"
-        for c in cases
+        for c in _cases(device)
     ]
-    if missing := _missing_gpus(device):
+
+
+def pipelined_results(device: torch.device) -> list[Result]:
+    """Every schedule x checkpointing mode, float64, against unsplit training."""
+    cases, names = _cases(device), pipelined_names(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if missing := missing_gpus(device):
         return [Result(name, "skip", reason=missing) for name in names]
     try:
         per_rank = run_ranks(pipelined_cases, WORLD_SIZE, cases, timeout=900, backend=backend)
@@ -116,8 +136,8 @@ def pipelined_results(device: torch.device) -> list[Result]:
 def torchtitan_results(device: torch.device) -> list[Result]:
     """torchtitan's llama3 debug model: Seq1F1B PP=2 against one process, from
     one seed checkpoint; per-step losses and the step-1 grad_norm."""
-    name = f"torchtitan Seq1F1B PP={WORLD_SIZE} vs 1 process"
-    if missing := _missing_gpus(device):
+    name = TORCHTITAN_ROW
+    if missing := missing_gpus(device) or missing_torchtitan():
         return [Result(name, "skip", reason=missing)]
     if titan_release() == "0.2" and not DEBUG_CONFIG.exists():
         return [Result(name, "skip", reason=f"needs a source checkout ({DEBUG_CONFIG} not found)")]
@@ -156,4 +176,22 @@ def torchtitan_results(device: torch.device) -> list[Result]:
             name, worst(errors), TORCHTITAN_BOUND,
             steps=len(steps), loss_first=losses[steps[0]], loss_last=losses[steps[-1]],
         )
+    ]
+
+
+def multi_gpu_tasks(device: torch.device) -> list[Task]:
+    """:func:`pipelined_results` and :func:`torchtitan_results` as tasks that run on
+    2 GPUs only (their CPU runs on gloo are the test suite's)."""
+    gpus = (
+        missing_gpus(device)
+        if device.type == "cuda"
+        else f"needs {WORLD_SIZE} GPUs (on CPU: --checks pipelined,torchtitan runs it on gloo)"
+    )
+    return [
+        Task(tuple(pipelined_names(device)), lambda: pipelined_results(device), unmet=gpus),
+        Task(
+            (TORCHTITAN_ROW,),
+            lambda: torchtitan_results(device),
+            unmet="; ".join(filter(None, (gpus, missing_torchtitan()))),
+        ),
     ]

@@ -19,11 +19,11 @@ import math
 import torch
 
 from torchtitan_seq1f1b.attention import KernelTarget, resolve_backend
-from torchtitan_seq1f1b.check import relative_error, Result
+from torchtitan_seq1f1b.check import relative_error, Result, run_tasks, Task
 from torchtitan_seq1f1b.documents import MicrobatchDocuments, SegmentDocuments
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["kernel_results", "reference_attention"]
+__all__ = ["kernel_results", "kernel_tasks", "reference_attention"]
 
 N_HEADS, N_KV_HEADS = 8, 2  # GQA: 4 query heads per K/V head
 # (q_len, k_len): a segment after a 160-token prefix, and a first segment.
@@ -160,12 +160,16 @@ def _describe(layout) -> str:
     return (" documents" if packed else "") + (f" window {window_left}" if window_left else "")
 
 
+def _row_name(name: str, head_dim: int, dtype: torch.dtype, as_op: bool) -> str:
+    return f"kernel{'-op' if as_op else ''} {name} {str(dtype).removeprefix('torch.')} d{head_dim}"
+
+
 def check_kernel(
     name: str, head_dim: int, dtype: torch.dtype, device: torch.device, as_op: bool = False
 ) -> Result:
     """One backend in one dtype and head dim, over batch 1 and 2, with and without prefix;
     through its entry points, or ``as_op`` through the op's forward and backward."""
-    row = f"kernel{'-op' if as_op else ''} {name} {str(dtype).removeprefix('torch.')} d{head_dim}"
+    row = _row_name(name, head_dim, dtype, as_op)
     backend = resolve_backend(name)
     probe = torch.empty(1, 1, N_HEADS, head_dim, dtype=dtype, device=device)
     if not backend.supports(probe):
@@ -178,11 +182,21 @@ def check_kernel(
     return Result.bounded(row, error, BOUNDS[dtype], worst=where)
 
 
-def kernel_results(device: torch.device) -> list[Result]:
+def _task(name: str, head_dim: int, dtype: torch.dtype, device: torch.device, as_op: bool) -> Task:
+    row = _row_name(name, head_dim, dtype, as_op)
+    return Task((row,), lambda: [check_kernel(name, head_dim, dtype, device, as_op)])
+
+
+def kernel_tasks(device: torch.device) -> list[Task]:
+    """One task per row: backend x dtype x head dim, through autograd, then as the op."""
     return [
-        check_kernel(name, head_dim, dtype, device, as_op)
+        _task(name, head_dim, dtype, device, as_op)
         for as_op in (False, True)
         for name, dtypes in DTYPES.items()
         for dtype in dtypes
         for head_dim in HEAD_DIMS
     ]
+
+
+def kernel_results(device: torch.device) -> list[Result]:
+    return run_tasks(kernel_tasks(device))

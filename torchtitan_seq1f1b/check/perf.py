@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
+from torchtitan_seq1f1b.check import Result, run_tasks, Task
 from torchtitan_seq1f1b.check.counters import AttentionForwardCounter, HostTransferCounter
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.check.segmented import SegmentedRun
@@ -41,11 +42,15 @@ from torchtitan_seq1f1b.tools.simulate.step import simulate
 
 __all__ = [
     "PerfShape",
+    "UnitClock",
     "UnitsMeasured",
     "format_perf",
     "measure_units",
+    "perf_group",
     "perf_results",
+    "perf_tasks",
     "predicted_speedups",
+    "segmented_pass",
 ]
 
 MIB = 2**20
@@ -78,6 +83,15 @@ class PerfShape:
             rope_theta=500000.0,
             activation_checkpoint=mode,
         )
+
+    def stage(self, mode: str, device: torch.device) -> TinyTransformer:
+        """The stage's blocks in ``dtype`` (seed 0), without embedding and head:
+        hidden states (batch, seq_len, dim) at positions (1, seq_len) -> same shape."""
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = TinyTransformer(self.stage_args(mode))
+        model.tok_embeddings = model.norm = model.output = None
+        return model.to(self.dtype)
 
 
 GPU_SHAPE = PerfShape(
@@ -115,7 +129,7 @@ class UnitsMeasured:
     error: str = ""
 
 
-class _UnitClock:
+class UnitClock:
     """Per-unit device time (CUDA events, no sync between units) or wall time on CPU."""
 
     def __init__(self, device: torch.device):
@@ -146,7 +160,10 @@ class _UnitClock:
         return [end - start for start, end in self.spans]
 
 
-def _one_pass(model, x, grad, plan, clock: _UnitClock | None) -> None:
+def segmented_pass(model, x, grad, plan, clock: UnitClock | None = None) -> SegmentedRun:
+    """One microbatch x (batch, seq_len, dim) through ``model`` segment by segment,
+    back-propagating ``grad`` (x's shape); ``clock`` times each unit. Returns the
+    run (its outputs and input gradients), the store freed."""
     run = SegmentedRun(model, [x], plan, KVStore(), positions_kwarg="positions")
     timed = clock.unit if clock is not None else contextlib.nullcontext
     for segment in range(plan.num_segments):
@@ -158,6 +175,7 @@ def _one_pass(model, x, grad, plan, clock: _UnitClock | None) -> None:
             with timed():
                 run.backward(segment, grad)
     run.store.free(run.microbatch)
+    return run
 
 
 @contextlib.contextmanager
@@ -186,27 +204,23 @@ def measure_units(
         else SegmentPlan.balanced(seq_len, k, args.cost(), shape.align)
     )
     measured = UnitsMeasured(seq_len, mode, plan)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = TinyTransformer(args)
-    model.tok_embeddings = model.norm = model.output = None
-    model.to(shape.dtype)
+    model = shape.stage(mode, device)
     x = torch.randn(1, seq_len, args.dim, device=device, dtype=shape.dtype)
     grad = torch.randn_like(x)
     try:
-        _one_pass(model, x, grad, plan, None)
+        segmented_pass(model, x, grad, plan)
         model.zero_grad(set_to_none=True)
         with AttentionForwardCounter() as attention, HostTransferCounter() as host:
             with _syncs_reported(device) as syncs:
-                _one_pass(model, x, grad, plan, None)
+                segmented_pass(model, x, grad, plan)
         measured.attention_forwards = attention.count
         measured.host_reads, measured.uploads = host.reads, host.uploads
         measured.syncs = len(syncs) if device.type == "cuda" else None
         passes = []
         for _ in range(shape.repeats):
             model.zero_grad(set_to_none=True)
-            clock = _UnitClock(device)
-            _one_pass(model, x, grad, plan, clock)
+            clock = UnitClock(device)
+            segmented_pass(model, x, grad, plan, clock)
             passes.append(clock.seconds())
         per_unit = [statistics.median(times) for times in zip(*passes)]
         measured.forward, backward = per_unit[:k], per_unit[k:]
@@ -261,24 +275,58 @@ def predicted_speedups(shape: PerfShape, runs: list[UnitsMeasured]) -> dict[int,
     return speedups
 
 
+def _row_name(seq_len: int, mode: str, k: int) -> str:
+    return f"perf {seq_len} ac={mode} k={k}"
+
+
+def perf_group(shape: PerfShape, seq_len: int, mode: str, device: torch.device) -> list[dict]:
+    """One row per k of one sequence length and checkpointing mode: the measured
+    units (:class:`UnitsMeasured` as a dict, ``plan`` its lengths), ``k`` and
+    ``speedup`` ({pp: predicted 1F1B / Seq1F1B step time}, empty for k = 1 or an error)."""
+    runs = [measure_units(shape, seq_len, mode, k, device) for k in shape.segment_counts]
+    fitted = [run for run in runs if not run.error]
+    speedups = predicted_speedups(shape, fitted) if len(fitted) > 1 else {}
+    return [
+        {
+            **dataclasses.asdict(run),
+            "plan": list(run.plan.lengths),
+            "k": k,
+            "speedup": speedups.get(k, {}) if not run.error else {},
+        }
+        for k, run in zip(shape.segment_counts, runs)
+    ]
+
+
 def perf_results(device: torch.device, shape: PerfShape | None = None) -> list[dict]:
     """Every configuration of ``shape`` (default: the GPU shape on CUDA, a small one on CPU)."""
     shape = shape or (GPU_SHAPE if device.type == "cuda" else CPU_SHAPE)
-    rows = []
-    for seq_len in shape.seq_lens:
-        for mode in ACTIVATION_CHECKPOINT_MODES:
-            runs = [measure_units(shape, seq_len, mode, k, device) for k in shape.segment_counts]
-            fitted = [run for run in runs if not run.error]
-            speedups = predicted_speedups(shape, fitted) if len(fitted) > 1 else {}
-            rows += [
-                {"run": run, "k": k, "speedup": speedups.get(k, {}) if not run.error else {}}
-                for k, run in zip(shape.segment_counts, runs)
-            ]
-    return rows
+    return [row.measured for row in run_tasks(perf_tasks(device, shape))]
+
+
+def _group_task(shape: PerfShape, seq_len: int, mode: str, device: torch.device) -> Task:
+    def run() -> list[Result]:
+        results = []
+        for row in perf_group(shape, seq_len, mode, device):
+            status = "skip" if row["error"] else "pass"  # out of memory: not this device's to run
+            results.append(Result(_row_name(seq_len, mode, row["k"]), status, row, row["error"]))
+        return results
+
+    return Task(tuple(_row_name(seq_len, mode, k) for k in shape.segment_counts), run)
+
+
+def perf_tasks(device: torch.device, shape: PerfShape) -> list[Task]:
+    """One task per (sequence length, checkpointing mode): its rows share a time model.
+    A row passes when measured, is skipped when out of memory; its ``measured`` is
+    :func:`perf_group`'s row."""
+    return [
+        _group_task(shape, seq_len, mode, device)
+        for seq_len in shape.seq_lens
+        for mode in ACTIVATION_CHECKPOINT_MODES
+    ]
 
 
 def format_perf(rows: list[dict], shape: PerfShape) -> str:
-    """One table: a row per (sequence, checkpointing mode, k)."""
+    """One table: a row per (sequence, checkpointing mode, k) of :func:`perf_group`'s rows."""
     pps = shape.pipeline_sizes
     header = (
         f"{'seq':>6} {'ac':<15} {'k':>2} {'F ms':>9} {'B ms':>9} {'peak GiB':>8} "
@@ -287,23 +335,23 @@ def format_perf(rows: list[dict], shape: PerfShape) -> str:
     )
     lines = [header, "-" * len(header)]
     for row in rows:
-        run, k = row["run"], row["k"]
-        head = f"{run.seq_len:>6} {run.mode:<15} {k:>2} "
-        if run.error:
-            lines.append(head + run.error)
+        head = f"{row['seq_len']:>6} {row['mode']:<15} {row['k']:>2} "
+        if row["error"]:
+            lines.append(head + row["error"])
             continue
-        peak = f"{max(run.peak_mib) / 1024:.1f}" if run.peak_mib else "n/a"
-        syncs = "n/a" if run.syncs is None else str(run.syncs)
+        peak = f"{max(row['peak_mib']) / 1024:.1f}" if row["peak_mib"] else "n/a"
+        syncs = "n/a" if row["syncs"] is None else str(row["syncs"])
         speedup = row["speedup"]
         lines.append(
             head
-            + f"{sum(run.forward) * 1e3:>9.1f} {sum(run.backward) * 1e3:>9.1f} {peak:>8} "
-            f"{syncs:>5} {run.host_reads:>5} {run.attention_forwards:>8} "
+            + f"{sum(row['forward']) * 1e3:>9.1f} {sum(row['backward']) * 1e3:>9.1f} {peak:>8} "
+            f"{syncs:>5} {row['host_reads']:>5} {row['attention_forwards']:>8} "
             + " ".join(f"{f'{speedup[pp]:.3f}x' if pp in speedup else '-':>12}" for pp in pps)
         )
     lines.append(
         f"F/B: one microbatch's forwards/backwards over {shape.blocks} blocks, summed over its "
-        "k units; peak: the most allocated during a unit; pp columns: predicted 1F1B step "
-        f"time / Seq1F1B's ({shape.name}, 2 x pp microbatches, LM head not timed)"
+        f"k units, median of {shape.repeats} timed steps; peak: the most allocated during a "
+        "unit; pp columns: predicted 1F1B step time / Seq1F1B's "
+        f"({shape.name}, 2 x pp microbatches, LM head not timed)"
     )
     return "\n".join(lines)

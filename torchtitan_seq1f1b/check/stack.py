@@ -18,11 +18,12 @@ training is off by.
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
 
-from torchtitan_seq1f1b.check import relative_error, Result, worst
+from torchtitan_seq1f1b.check import relative_error, Result, run_tasks, Task, worst
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     ACTIVATION_CHECKPOINT_MODES,
@@ -34,7 +35,7 @@ from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.check.segmented import SegmentedRun
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["stack_results"]
+__all__ = ["stack_results", "stack_tasks", "tf32_off"]
 
 # head_dim 64 with 4 query heads per K/V head, and head_dim 128 with 2.
 MODELS = {
@@ -152,6 +153,10 @@ def _plan(args: TinyTransformerArgs, device: torch.device) -> SegmentPlan:
     return SegmentPlan.from_lengths(CPU_LENGTHS)
 
 
+def _row_name(name: str, dtype: torch.dtype, mode: str) -> str:
+    return f"stack {name} {str(dtype).removeprefix('torch.')} ac={mode}"
+
+
 def _rows(name: str, args: TinyTransformerArgs, device: torch.device) -> list[Result]:
     plan = _plan(args, device)
     tokens, target = _batch(args, plan.seq_len, device)
@@ -166,7 +171,7 @@ def _rows(name: str, args: TinyTransformerArgs, device: torch.device) -> list[Re
             (torch.float32, reference, FLOAT32_BOUND),
             (torch.bfloat16, low, bf16_bound),
         ):
-            row = f"stack {name} {str(dtype).removeprefix('torch.')} ac={mode}"
+            row = _row_name(name, dtype, mode)
             try:
                 grads, loss, peaks = segmented(_with_mode(model, mode), tokens, target, plan)
             except Exception as crash:  # noqa: BLE001 - reported as a failed row
@@ -185,10 +190,35 @@ def _rows(name: str, args: TinyTransformerArgs, device: torch.device) -> list[Re
     return results
 
 
-def stack_results(device: torch.device) -> list[Result]:
+@contextlib.contextmanager
+def tf32_off() -> Iterator[None]:
+    """float32 matmuls and convolutions in full float32 within the block."""
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        return [row for name, args in MODELS.items() for row in _rows(name, args, device)]
+        yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+def _task(name: str, args: TinyTransformerArgs, device: torch.device) -> Task:
+    names = tuple(
+        _row_name(name, dtype, mode)
+        for mode in ACTIVATION_CHECKPOINT_MODES
+        for dtype in (torch.float32, torch.bfloat16)
+    )
+
+    def run() -> list[Result]:
+        with tf32_off():
+            return _rows(name, args, device)
+
+    return Task(names, run)
+
+
+def stack_tasks(device: torch.device) -> list[Task]:
+    """One task per model of :data:`MODELS`: its rows share one unsplit reference."""
+    return [_task(name, args, device) for name, args in MODELS.items()]
+
+
+def stack_results(device: torch.device) -> list[Result]:
+    return run_tasks(stack_tasks(device))
