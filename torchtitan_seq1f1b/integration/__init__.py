@@ -25,6 +25,10 @@ torchtitan process; nothing here imports torchtitan before that.
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
+import torch
+
+from torchtitan_seq1f1b._torch_compat import TORCH_RELEASE
+
 # The toolkit, each name from the module defining it; loaded on first use, since
 # some modules import torchtitan and this package must import without it.
 TOOLKIT = {
@@ -68,6 +72,9 @@ ADAPTERS = {
     "0.2": "torchtitan_seq1f1b.integration.titan_0_2",
     "0.3": "torchtitan_seq1f1b.integration.titan_0_3",
 }
+# The oldest torch each adapter was tested on: the schedules run on torch 2.11 and 2.12,
+# but torchtitan 0.2.2's packed-document, compile and validation jobs fail there.
+ADAPTER_MIN_TORCH = {"0.2": (2, 13), "0.3": (2, 14)}
 
 
 def titan_release() -> str | None:
@@ -86,5 +93,13 @@ def install() -> None:
             f"torchtitan_seq1f1b has adapters for torchtitan {sorted(ADAPTERS)} but "
             f"torchtitan {version('torchtitan')} is installed; install a supported release "
             "(pip install 'torchtitan==0.2.2' or 'torchtitan==0.3.0')"
+        )
+    oldest = ADAPTER_MIN_TORCH[release]
+    if TORCH_RELEASE < oldest:
+        raise RuntimeError(
+            f"torchtitan_seq1f1b's torchtitan {release} adapter was tested on torch >= "
+            f"{oldest[0]}.{oldest[1]}, and torch {torch.__version__} is installed (the "
+            f"schedules alone run on it); install torch {oldest[0]}.{oldest[1]} for "
+            f"torchtitan {release} (pip install 'torch=={oldest[0]}.{oldest[1]}.*')"
         )
     import_module(ADAPTERS[release]).install()
