@@ -40,7 +40,7 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"gpu test skipped on a machine with CUDA: {reason}"
 
 
-# The smoke subset (``-m smoke``) for a torch that gets no full run (2.14): per test
+# The smoke subset (``-m smoke``) for a torch that gets no full run (2.11, 2.12, 2.14): per test
 # file, the parametrisations that run. It covers the pp=2 diagonal and slices the
 # float64 grid files run off the main stack (every checkpointing mode on uneven plans,
 # each variant), packed documents, eval, pre-split inputs and torch's own 1F1B order.
