@@ -184,6 +184,10 @@ class FakeFlashAttnVarlenFunc(_Recorder):
         return _naive_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
 
 
+# The installed torch's varlen_attn keywords: the stand-in takes exactly these.
+_VARLEN_OPTIONS = set(inspect.signature(torch.nn.attention.varlen.varlen_attn).parameters)
+
+
 class FakeTorchVarlenAttn(_Recorder):
     """``torch.nn.attention.varlen.varlen_attn``: packed (tokens, H, D), int32
     ``cu_seq_q``/``cu_seq_k``; ``window_size=(-1, 0)`` is causal from the bottom
@@ -198,9 +202,8 @@ class FakeTorchVarlenAttn(_Recorder):
     ):
         assert window_size == (-1, 0), "causal attention is window_size=(-1, 0)"
         assert return_aux is None and seqused_k is None and block_table is None
-        real = inspect.signature(torch.nn.attention.varlen.varlen_attn).parameters
-        assert set(options) <= set(real) & {"enable_gqa"}, f"varlen_attn takes no {options}"
-        if "enable_gqa" in real:
+        assert set(options) <= _VARLEN_OPTIONS & {"enable_gqa"}, f"varlen_attn takes no {options}"
+        if "enable_gqa" in _VARLEN_OPTIONS:
             grouped = options.get("enable_gqa", False)
             assert grouped or query.shape[1] == key.shape[1], "enable_gqa for grouped K/V"
         # One tensor for both would make torch 2.15 pick cuDNN, which aligns top-left.

@@ -106,20 +106,27 @@ def _compare(case: Case, ranks: list[dict]) -> float:
     ])
 
 
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _row_name(case: Case, backend: str) -> str:
+    compiled = " compiled" if case.compile else ""
+    return (
+        f"pipelined {case.schedule}{compiled} ac={case.activation_checkpoint} "
+        f"({WORLD_SIZE} ranks, {backend})"
+    )
+
+
 def pipelined_names(device: torch.device) -> list[str]:
     """The rows :func:`pipelined_results` reports on ``device``, one per case."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    return [
-        f"pipelined {c.schedule}{' compiled' if c.compile else ''} "
-        f"ac={c.activation_checkpoint} ({WORLD_SIZE} ranks, {backend})"
-        for c in _cases(device)
-    ]
+    return [_row_name(case, _backend(device)) for case in _cases(device)]
 
 
 def pipelined_results(device: torch.device) -> list[Result]:
     """Every schedule x checkpointing mode, float64, against unsplit training."""
-    cases, names = _cases(device), pipelined_names(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    cases, backend = _cases(device), _backend(device)
+    names = [_row_name(case, backend) for case in cases]
     if missing := missing_gpus(device):
         return [Result(name, "skip", reason=missing) for name in names]
     try:
