@@ -11,6 +11,7 @@ torchtitan resolves its device once, at import, so the report of an
 accelerator has to precede that import, and the shim's edits are module state.
 """
 
+import functools
 import json
 import subprocess
 import sys
@@ -67,6 +68,7 @@ print(json.dumps({"before": shim_before, "after": shim_state(), "rebound": rebou
 """
 
 
+@functools.cache  # each case's interpreter once: both accelerator tests read one
 def probe(case: str) -> dict:
     result = subprocess.run(
         [sys.executable, "-c", PROBE, case],

@@ -45,6 +45,7 @@ from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 from tests.harness import assert_close
+from tests.integration.titan_0_3.fewer_experts import with_experts
 from tests.integration.titan_0_3.input_dtype_experts import (
     experts_in_input_dtype,
     gpt_oss_experts_in_input_dtype,
@@ -62,19 +63,6 @@ CHECKPOINTING = {
     "full": FullAC.Config(),
     "selective": saving_attention(SelectiveAC.Config()),
 }
-
-def _with_experts(config, num_experts: int):
-    """``config`` with every expert count inside it (and the router's gate width) set."""
-    changes = {}
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if field.name == "num_experts":
-            changes[field.name] = num_experts
-        elif field.name == "gate":
-            changes[field.name] = dataclasses.replace(value, out_features=num_experts)
-        elif dataclasses.is_dataclass(value):
-            changes[field.name] = _with_experts(value, num_experts)
-    return dataclasses.replace(config, **changes)
 
 WINDOW = 6  # keys a sliding-window query sees, itself included: it crosses segment borders
 
@@ -97,7 +85,7 @@ def _model(job, num_experts: int | None = None, change_layer=None) -> torch.nn.M
     config = job().model_spec.model
     layers = config.layers[:2]
     if num_experts is not None:
-        layers = [_with_experts(layer, num_experts) for layer in layers]
+        layers = [with_experts(layer, num_experts) for layer in layers]
     if change_layer is not None:
         layers = [change_layer(layer) for layer in layers]
     config = dataclasses.replace(config, layers=layers)

@@ -6,8 +6,9 @@
 Each model starts from its own seed checkpoint and trains on the shipped
 recall corpus (``--seq1f1b.data recall``: torchtitan's debug configs read its
 repository's test assets) with packed documents, under the config's own loss
-and activation checkpointing. Seq1F1B PP=2 (and InterleavedSeq1F1B, but for
-qwen3_moe_debug's 316M parameters) must match the
+and activation checkpointing (qwen3_moe_debug with 16 of its 64 experts:
+:mod:`tests.integration.titan_0_3.fewer_experts`). Seq1F1B PP=2 (and
+InterleavedSeq1F1B, but for qwen3_moe) must match the
 non-pipelined run on every step's loss (``MODELS``) and the step-1 grad_norm within 1e-4,
 and end with the same MoE load-balancing state: the expert biases the router
 learns from its token counts, saved at the last step, must be equal and must have
@@ -25,23 +26,22 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tests.harness import assert_same_training, RunFailed, TEST_ARGS, torchrun
-from tests.integration.titan_0_3 import input_dtype_experts
+from tests.integration.titan_0_3 import fewer_experts, input_dtype_experts
 
-# Model family: its debug config in torchtitan's registry, the steps each run trains
-# and the job's own flags.
+# Model family: its debug config in torchtitan's registry, the steps each run trains,
+# the job's own flags and the launchers that change the config.
 MODELS = {
-    "deepseek_v3": ("deepseek_v3_debugmodel", 3, ()),
-    # 316M parameters (64 experts): one sequence per microbatch, and two steps (a CPU step
-    # takes about 27 s), the second from the first's update.
+    "deepseek_v3": ("deepseek_v3_debugmodel", 3, (), ()),
+    # One sequence per microbatch, and two steps, the second from the first's update.
     "qwen3_moe": ("qwen3_moe_debug", 2, (
         "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1",
-    )),
+    ), (fewer_experts.__name__,)),
     # Documents of 201 tokens drifting across rows of 256, so that the sliding windows
     # (128 keys) cut what a query sees, across segment borders.
     "gpt_oss": ("gpt_oss_debugmodel", 3, (
         "--training.seq_len", "256", "--dataloader.dataset_path", "doc_tokens=201,words=128",
         "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1",
-    )),
+    ), ()),
 }
 DATA_ARGS = (
     "--seq1f1b.data", "recall", "--metrics.enable_tensorboard", *TEST_ARGS,
@@ -69,11 +69,13 @@ def model_run(request, tmp_path_factory):
     """run(nproc, *args, name): a short run of the model's config from its seed
     checkpoint; ``run.steps``: the steps each run trains."""
     config = _config(request.param)
-    _, steps, job_args = MODELS[request.param]
+    _, steps, job_args, launchers = MODELS[request.param]
+    launchers = (*launchers, input_dtype_experts.__name__)
     seed = tmp_path_factory.mktemp(f"{request.param}_seed")
     torchrun(
         seed, 1, *DATA_ARGS, *job_args, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
         "--parallelism.pipeline_parallel_degree", "1", "--debug.seed", "0", config=config,
+        launchers=launchers,
     )
 
     def run(nproc, *args, name):
@@ -81,7 +83,7 @@ def model_run(request, tmp_path_factory):
             tmp_path_factory.mktemp(f"{request.param}_{name}"), nproc, *DATA_ARGS, *job_args,
             "--checkpoint.enable",
             "--checkpoint.initial_load_path", str(seed / "checkpoint" / "step-0"),
-            *_steps_and_final_save(steps), *args, config=config, launchers=(input_dtype_experts.__name__,),
+            *_steps_and_final_save(steps), *args, config=config, launchers=launchers,
         )
 
     run.steps = steps
@@ -124,7 +126,7 @@ def test_model_pp2_matches_unpipelined(model_run, model_unpipelined):
     _assert_pp2_matches(model_run, model_unpipelined)
 
 
-# qwen3_moe_debug (316M parameters) runs Seq1F1B only: the variant runs on deepseek_v3 and
+# qwen3_moe_debug, the largest, runs Seq1F1B only: the variant runs on deepseek_v3 and
 # gpt_oss, and all three route through torchtitan's one MoE module.
 @pytest.mark.parametrize("model_run", ["deepseek_v3", "gpt_oss"], indirect=True)
 def test_model_interleaved_pp2_matches_unpipelined(model_run, model_unpipelined):
