@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 
 from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.context_parallel import ContextGroup
 from torchtitan_seq1f1b.documents import MicrobatchDocuments, SegmentDocuments
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
@@ -61,6 +62,7 @@ class _PrefixBuffers:
         self.v = torch.empty(shape, dtype=like.dtype, device=like.device)
         self.low = low
         self.grad_end = grad_end
+        self.written_end = low  # recompute finds its segment's K/V here already
         self.grad_k: torch.Tensor | None = None
         self.grad_v: torch.Tensor | None = None
 
@@ -80,6 +82,7 @@ class _PrefixBuffers:
         # only touches [begin, end). Recompute writes the same values again.
         self.k.data[:, begin:end].copy_(k[:, skip:])
         self.v.data[:, begin:end].copy_(v[:, skip:])
+        self.written_end = max(self.written_end, end + self.low)
 
     def views(self, key_start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of positions ``[key_start, end)``, all at or after ``low``."""
@@ -275,7 +278,8 @@ class KVStore:
         """:meth:`attach` without autograd, for an op that computes its own gradients.
 
         ``write`` stores the segment's K/V (its forward); without it (its
-        backward) the buffers already hold them. Returns the keys and values
+        backward, or a recompute that :meth:`holds` them) the buffers already
+        hold them, and k and v may be None where the buffers hold the segment. Returns the keys and values
         the segment attends, a function banking their gradients that returns
         the segment's own part, and the segment's documents (None if dense).
         A layer with a ``window_left`` keeps and reads only its window's keys.
@@ -283,7 +287,7 @@ class KVStore:
         if getattr(layer, "window_left", None) is not None:
             return self._window_prefix(layer, k, v, write)
         buffers, key_start, start = self._placed(layer, k)
-        end = start + k.shape[1]
+        end = self.running.plan.ends[self.running.unit.segment]
         if write:
             buffers.write(start, k, v)
             self.record_peak()
@@ -295,6 +299,15 @@ class KVStore:
             return own
 
         return keys, values, bank, self.running.kernel_documents
+
+    def holds(self, layer: nn.Module) -> bool:
+        """Whether ``layer``'s buffers hold the running segment's K/V: it ran forward
+        before (a checkpoint recomputes it), so its K/V need not be gathered again."""
+        buffers = self._buffers.get((layer, self.running.unit.microbatch))
+        if not isinstance(buffers, _PrefixBuffers):
+            return False
+        plan, segment = self.running.plan, self.running.unit.segment
+        return buffers.low <= plan.offsets[segment] and buffers.written_end >= plan.ends[segment]
 
     def _window_prefix(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor, write: bool):
         """:meth:`prefix` of a sliding-window layer (see :class:`_WindowTails`)."""
@@ -324,13 +337,13 @@ class KVStore:
         )
         return buffers, running.key_start, plan.offsets[running.unit.segment]
 
-    def _checked_running(self, k: torch.Tensor) -> "RunningUnit":
-        """The running unit, once ``k`` is checked to be its segment's."""
+    def _checked_running(self, k: torch.Tensor | None) -> "RunningUnit":
+        """The running unit, once ``k`` (if given) is checked to be its segment's."""
         running = self.running
         if running is None:
             raise RuntimeError("KVStore.attach needs a running unit (see running_unit)")
         plan, segment = running.plan, running.unit.segment
-        if k.shape[1] != plan.lengths[segment]:
+        if k is not None and k.shape[1] != plan.lengths[segment]:
             raise ValueError(
                 f"segment {segment} of {plan} has {plan.lengths[segment]} tokens but "
                 f"attention received {k.shape[1]}; inputs must be cut with this plan"
@@ -370,11 +383,14 @@ class RunningUnit:
     """The unit a stage is computing, with the plan that places its tokens.
 
     ``documents``: its microbatch's packed documents, None for causal attention.
+    ``context``: the CP group the unit's tokens are shared over, None without CP;
+    the plan then places the whole segment, of which this rank holds a share.
     """
 
     unit: Unit
     plan: SegmentPlan
     documents: MicrobatchDocuments | None = None
+    context: ContextGroup | None = None
 
     @property
     def segment_documents(self) -> SegmentDocuments | None:
@@ -409,4 +425,7 @@ class RunningUnit:
         """First position the store keeps: 0 for causal attention (with one segment too,
         whose attention then saves views of the store, as much as unsplit attention
         saves), else the first key a later segment reads back (``seq_len``: none)."""
-        return 0 if self.documents is None else self.documents.keep_from
+        if self.documents is None or self.context is not None:
+            # Under CP the store also keeps every segment's gathered K/V for its backward.
+            return 0
+        return self.documents.keep_from

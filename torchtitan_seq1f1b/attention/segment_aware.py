@@ -135,11 +135,13 @@ class SegmentAwareAttention(nn.Module):
         # attention attends to views of the K/V buffers, which autograd then saves: the
         # op saves the segment's own k and v besides. Sinks need the op's backward,
         # sliding windows its store of window tails.
-        needs_op = sinks is not None or self.window_left is not None
+        running = self.kv_store.running if self.kv_store is not None else None
+        context_parallel = running is not None and running.context is not None
+        needs_op = sinks is not None or self.window_left is not None or context_parallel
         if needs_op and not self.backend.runs_as_op():
             raise ValueError(
-                f"attention sinks and sliding windows need a backend the registered op "
-                f"runs; {self.backend.name!r} is not one"
+                f"attention sinks, sliding windows and context parallelism need a backend "
+                f"the registered op runs; {self.backend.name!r} is not one"
             )
         if needs_op or (torch.compiler.is_compiling() and self.backend.runs_as_op()):
             return segment_attention(q, k, v, self.handle, scale, sinks)[0]

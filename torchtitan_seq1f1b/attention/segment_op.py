@@ -85,12 +85,64 @@ def segment_attention(
     """q: (batch, Lq, heads, head_dim); k, v: (batch, Lq, kv_heads, head_dim), the running
     segment's own; sinks: (heads,) or None. Returns out (batch, Lq, heads, head_dim),
     sink-rescaled if sinks are given, and the kernel's logsumexp (batch, heads, Lq)."""
-    layer, keys, values, _, documents = _prefix(handle, k, v, write=True)
-    raise_if_unmet(layer.backend, KernelTarget.of(q))
-    out, lse = layer.backend.forward(q, keys, values, scale, documents)
+    layer, store, running = _bound(handle)
+    if running is not None and running.context is not None:
+        out, lse = _context_parallel_forward(q, k, v, layer, store, running, scale)
+    else:
+        layer, keys, values, _, documents = _prefix(handle, k, v, write=True)
+        raise_if_unmet(layer.backend, KernelTarget.of(q))
+        out, lse = layer.backend.forward(q, keys, values, scale, documents)
     if sinks is not None:
         out = out * _sink_scale(lse, sinks).to(out.dtype)
     return out, lse
+
+
+def _pieces(running: RunningUnit) -> list[tuple[slice, int]]:
+    """Per head-tail piece of this CP rank's share: its rows of the share and the
+    number of keys (from position 0) its queries attend."""
+    plan, segment = running.plan, running.unit.segment
+    spans = running.context.layout.spans(plan.offsets[segment], plan.lengths[segment])
+    size = spans[0][1] - spans[0][0]
+    return [(slice(i * size, (i + 1) * size), end) for i, (_, end) in enumerate(spans)]
+
+
+def _context_parallel_forward(q, k, v, layer, store, running, scale):
+    """The op's forward on a CP rank: q, k, v are its share of the segment (two
+    head-tail pieces). The segment's K/V are gathered into the store, unless a
+    checkpoint recomputes a segment whose K/V the store holds already; each piece
+    attends bottom-right causally to the keys up to its own end."""
+    if running.documents is not None or getattr(layer, "window_left", None) is not None:
+        raise NotImplementedError("packed documents and sliding windows under context parallelism")
+    if store.holds(layer):
+        keys, values, _, _ = store.prefix(layer, None, None, write=False)
+    else:
+        keys, values, _, _ = store.prefix(layer, *running.context.gather(k, v), write=True)
+    raise_if_unmet(layer.backend, KernelTarget.of(q))
+    outs, lses = zip(*(
+        layer.backend.forward(q[:, rows], keys[:, :end], values[:, :end], scale, None)
+        for rows, end in _pieces(running)
+    ))
+    return torch.cat(outs, 1), torch.cat(lses, -1)
+
+
+def _context_parallel_backward(grad, q, out, lse, layer, store, running, scale):
+    """The op's backward on a CP rank: each piece's dk/dv summed over the keys it
+    attended, the prefix part banked, and the segment's own part reduce-scattered
+    to the ranks' shares."""
+    keys, values, bank, _ = store.prefix(layer, None, None, write=False)
+    grad_k, grad_v = torch.zeros_like(keys), torch.zeros_like(values)
+    grad_q = []
+    for rows, end in _pieces(running):
+        dq, dk, dv = layer.backend.backward(
+            grad[:, rows], q[:, rows], keys[:, :end], values[:, :end], out[:, rows],
+            lse[..., rows], scale, None,
+        )
+        grad_q.append(dq)
+        grad_k[:, :end] += dk
+        grad_v[:, :end] += dv
+    dk, dv = running.context.reduce_scatter(*bank(grad_k, grad_v))
+    # One reduce-scatter returns both as views of one tensor; an op's returns may not alias.
+    return torch.cat(grad_q, 1).contiguous(), dk, dv.clone()
 
 
 @segment_attention.register_fake
@@ -112,6 +164,9 @@ def segment_attention_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the running segment's q, k, v; the prefix part of dk/dv goes to the store."""
+    layer, store, running = _bound(handle)
+    if running is not None and running.context is not None:
+        return _context_parallel_backward(grad, q, out, lse, layer, store, running, scale)
     layer, keys, values, bank, documents = _prefix(handle, k, v, write=False)
     dq, dk, dv = layer.backend.backward(grad, q, keys, values, out, lse, scale, documents)
     if bank is not None:

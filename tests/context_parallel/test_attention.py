@@ -1,0 +1,126 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Segment-aware attention under context parallelism against unsplit attention, float64.
+
+Two gloo ranks share every segment head-tail; each runs the segments forward in
+order and backward last to first, as a Seq1F1B stage does, every backward on a
+fresh thread, with and without checkpointing. Each rank's outputs and q/k/v
+gradients must equal its share of the unsplit run's, and every rank issues one
+all-gather and one reduce-scatter per segment, recomputed or not. Negative
+controls: without the reduce-scatter's sum, or with each piece's causal mask
+aligned top-left, the gradients or outputs differ.
+"""
+
+import contextlib
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
+from torchtitan_seq1f1b.attention.segment_op import _pieces
+from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
+from torchtitan_seq1f1b.context_parallel import ContextGroup, HeadTail
+from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
+from torchtitan_seq1f1b.local_ranks import run_ranks
+from torchtitan_seq1f1b.segmenting import SegmentPlan
+
+BATCH, HEADS, HEAD_DIM = 2, 4, 8
+
+
+def _unsplit(q, k, v, grad_out):
+    """Causal attention over the whole sequence: out and (dq, dk, dv)."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    q_, k_, v_ = (x.transpose(1, 2) for x in leaves)
+    out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, enable_gqa=True).transpose(1, 2)
+    out.backward(grad_out)
+    return out.detach(), [x.grad for x in leaves]
+
+
+def _top_left_pieces(running):
+    """Each piece's queries aligned top-left against its keys: query i sees keys 0..i."""
+    return [(rows, rows.stop - rows.start) for rows, _ in _pieces(running)]
+
+
+BROKEN = {
+    "no_reduction": mock.patch.object(
+        ContextGroup, "reduce_scatter",
+        lambda self, gk, gv: (self.layout.share(gk, 1), self.layout.share(gv, 1).clone()),
+    ),
+    "top_left_causal": mock.patch(
+        "torchtitan_seq1f1b.attention.segment_op._pieces", _top_left_pieces
+    ),
+}
+
+
+def _segmented_share(rank, world_size, lengths, kv_heads, checkpoint=False, broken=None):
+    torch.manual_seed(0)
+    plan = SegmentPlan.from_lengths(lengths)
+    shape = (BATCH, plan.seq_len)
+    q = torch.randn(*shape, HEADS, HEAD_DIM, dtype=torch.float64)
+    k, v = (torch.randn(*shape, kv_heads, HEAD_DIM, dtype=torch.float64) for _ in range(2))
+    grad_out = torch.randn_like(q)
+    out, grads = _unsplit(q, k, v, grad_out)
+
+    context = ContextGroup(HeadTail(world_size, rank), dist.group.WORLD)
+    stack = contextlib.ExitStack()
+    attention, store = SegmentAwareAttention("sdpa"), KVStore()
+    bind_attention(attention, store)
+
+    def share(x, segment):
+        piece = x[:, plan.offsets[segment] : plan.ends[segment]]
+        return context.layout.share(piece, 1)
+
+    calls = []
+    for name in ("gather", "reduce_scatter"):
+        method = getattr(ContextGroup, name)
+        def counted(self, *args, method=method, name=name):
+            calls.append(name)
+            return method(self, *args)
+        stack.enter_context(mock.patch.object(ContextGroup, name, counted))
+    if broken is not None:
+        stack.enter_context(BROKEN[broken])
+
+    def attend(*qkv):
+        if checkpoint:
+            return torch.utils.checkpoint.checkpoint(attention.attend, *qkv, use_reentrant=False)
+        return attention.attend(*qkv)
+
+    units, leaves, outs = [], [], []
+    for segment in range(plan.num_segments):
+        units.append(RunningUnit(Unit(0, segment), plan, context=context))
+        leaves.append([share(x, segment).requires_grad_() for x in (q, k, v)])
+        with store.running_unit(units[-1]):
+            outs.append(attend(*leaves[-1]))
+    with backward_on_fresh_thread():
+        for segment in reversed(range(plan.num_segments)):
+            with store.running_unit(units[segment]):
+                outs[segment].backward(share(grad_out, segment))
+    errors = []
+    for segment in range(plan.num_segments):
+        expected = [share(x, segment) for x in (out, *grads)]
+        got = [outs[segment].detach(), *(x.grad for x in leaves[segment])]
+        errors += [float((g - e).abs().max() / e.abs().max()) for g, e in zip(got, expected)]
+    stack.close()
+    return max(errors), calls
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["stored", "recomputed"])
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("lengths", [(8,), (12, 4, 8), (4, 16, 4, 8)], ids=str)
+def test_context_parallel_segments_equal_unsplit_attention(lengths, kv_heads, checkpoint):
+    results = run_ranks(_segmented_share, 2, lengths, kv_heads, checkpoint, timeout=120)
+    for error, calls in results:
+        assert error < 1e-12
+        k = len(lengths)
+        assert calls == ["gather"] * k + ["reduce_scatter"] * k
+
+
+@pytest.mark.parametrize("broken", list(BROKEN))
+def test_broken_context_parallelism_differs(broken):
+    results = run_ranks(_segmented_share, 2, (12, 4, 8), 2, False, broken, timeout=120)
+    assert max(error for error, _ in results) > 1e-3
