@@ -41,6 +41,7 @@ from torchtitan_seq1f1b._torch_compat import (
 )
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
+from torchtitan_seq1f1b.context_parallel import ContextGroup
 from torchtitan_seq1f1b.documents import MicrobatchDocuments, upload_varlen_layouts
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.orders import (
@@ -57,6 +58,7 @@ from torchtitan_seq1f1b.stepping.receives import receives_first
 from torchtitan_seq1f1b.stepping.rank_errors import InputCheck
 from torchtitan_seq1f1b.stepping.segment_inputs import SegmentSplitter
 from torchtitan_seq1f1b.stepping.stage_layout import (
+    check_context_parallel_plan,
     check_loop_placement,
     check_one_stage_per_rank,
     check_plan,
@@ -110,6 +112,14 @@ class ScheduleSeq1F1B(PipelineRuntime):
             along each row, on every rank. Attention then restricts each query
             to earlier keys of its own document, across segments; the model
             itself never receives the ids. A step without them is causal.
+        context_parallel: this rank's CP group (context parallelism of degree
+            c): every unit runs on this rank's head-tail share of its segment,
+            ``len_j / c`` tokens, and attention gathers each segment's K/V over
+            the group. Segment lengths must be multiples of ``2 * c``; inputs,
+            targets and positions are whole sequences, cut here; outputs are
+            this rank's shares. Gradients, summed over the group, are those of
+            the unsplit batch: every rank normalises by the whole batch's valid
+            tokens, counted from the targets before they are cut.
     """
 
     def __init__(
@@ -126,9 +136,13 @@ class ScheduleSeq1F1B(PipelineRuntime):
         positions_kwarg: str | None = None,
         ignore_index: int = -100,
         document_ids_kwarg: str | None = None,
+        context_parallel: ContextGroup | None = None,
     ):
         stages = [stages] if isinstance(stages, _PipelineStageBase) else list(stages)
         check_plan(n_microbatches, segment_plan)
+        if context_parallel is not None:
+            check_context_parallel_plan(segment_plan, context_parallel.layout)
+        self._context = context_parallel
         self._check_stage_layout(stages)
         self.segment_plan = segment_plan
         self.num_segments = segment_plan.num_segments
@@ -151,10 +165,13 @@ class ScheduleSeq1F1B(PipelineRuntime):
         self._segment_loss_sums: list[torch.Tensor] = []
         self._seq_dim = seq_dim
         self._ignore_index = ignore_index
-        self._splitter = SegmentSplitter(segment_plan, seq_dim, positions_kwarg)
+        layout = None if context_parallel is None else context_parallel.layout
+        self._splitter = SegmentSplitter(segment_plan, seq_dim, positions_kwarg, layout)
         self._document_ids_kwarg = document_ids_kwarg
         self.kv_stores = {stage.stage_index: KVStore() for stage in stages}
-        self._unit_scope = UnitComputeScope(segment_plan, self.kv_stores, seq_dim)
+        self._unit_scope = UnitComputeScope(
+            segment_plan, self.kv_stores, seq_dim, context_parallel
+        )
         self._input_check = InputCheck(type(self).__name__)
         for stage in stages:
             wrap_stage_compute(stage, self._unit_scope)
@@ -212,7 +229,8 @@ class ScheduleSeq1F1B(PipelineRuntime):
 
     @property
     def _chunk_seq_lens(self) -> list[int]:
-        return list(self.segment_plan.lengths) * self.n_real_microbatches
+        degree = 1 if self._context is None else self._context.layout.degree
+        return [n // degree for n in self.segment_plan.lengths] * self.n_real_microbatches
 
     def _initialize_stages(self, args, kwargs, target=None, loss_kwargs=None):
         super()._initialize_stages(args, kwargs, target, loss_kwargs)
@@ -291,6 +309,8 @@ class ScheduleSeq1F1B(PipelineRuntime):
             bind_attention(stage.submod, store)
 
         documents = None
+        if inputs.document_ids is not None and self._context is not None:
+            raise NotImplementedError("packed documents under context parallelism")
         if inputs.document_ids is not None:
             documents = [
                 MicrobatchDocuments(ids, self.segment_plan, starts)

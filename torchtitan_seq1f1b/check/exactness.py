@@ -178,13 +178,20 @@ def reference(case: Case, dtype: torch.dtype | None = None) -> dict:
 
 
 def build_schedule(
-    rank: int, world_size: int, case: Case, attention_backend: AttentionBackend | None = None
+    rank: int,
+    world_size: int,
+    case: Case,
+    attention_backend: AttentionBackend | None = None,
+    pp_group=None,
+    context_parallel=None,
 ) -> tuple[ScheduleSeq1F1B, list[TinyTransformer], list[int]]:
     """``case.schedule`` over this rank's stages: (schedule, model parts, stage indices).
 
     Stages ``rank + c * world_size`` for each chunk c (loop placement), or
     ``rank`` and ``2 * world_size - 1 - rank`` for the V of Seq1F1BZBV. Every
     attention layer runs ``attention_backend`` if given (the exact one otherwise).
+    With ``pp_group`` (the default group if None), ``rank`` and ``world_size`` are
+    the rank's place in it; ``context_parallel`` is the schedule's CP group.
     """
     device = case.rank_device(rank)
     model = case.model(device)
@@ -200,7 +207,7 @@ def build_schedule(
                 if isinstance(module, SegmentAwareAttention):
                     module.backend = attention_backend
     stages = [
-        PipelineStage(part, i, num_stages, device)
+        PipelineStage(part, i, num_stages, device, group=pp_group)
         for part, i in zip(parts, indices)
     ]
     schedule = SCHEDULES[case.schedule](
@@ -210,6 +217,7 @@ def build_schedule(
         loss_fn=token_sum_cross_entropy,
         positions_kwarg="positions",
         document_ids_kwarg="document_ids",
+        context_parallel=context_parallel,
     )
     return schedule, parts, indices
 

@@ -7,7 +7,9 @@ torch's runtime splits a batch into microbatches along the batch dim; Seq1F1B
 then cuts every microbatch into the plan's segments along ``seq_dim``. A unit's
 inputs are that microbatch's tensors sliced to the segment: positional inputs,
 targets, and keyword tensors with ``seq_len`` entries on ``seq_dim``; other
-values go to every segment unchanged.
+values go to every segment unchanged. Under context parallelism a unit gets
+this rank's head-tail share of its segment
+(:class:`~torchtitan_seq1f1b.context_parallel.HeadTail`).
 """
 
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 from torch.distributed.pipelining.microbatch import merge_chunks
 
+from torchtitan_seq1f1b.context_parallel import HeadTail
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["SegmentSplitter"]
@@ -30,12 +33,16 @@ class SegmentSplitter:
         seq_dim: sequence dim of inputs, targets and outputs.
         positions_kwarg: keyword through which the model takes global token
             positions (RoPE); when set and a microbatch passes none, segment
-            j gets ``offset_j + arange(len_j)`` of shape (1, len_j).
+            j gets ``offset_j + arange(len_j)`` of shape (1, len_j), or the
+            positions of this rank's share under context parallelism.
+        context: this rank's head-tail share of every segment under context
+            parallelism; None gives units whole segments.
     """
 
     plan: SegmentPlan
     seq_dim: int
     positions_kwarg: str | None = None
+    context: HeadTail | None = None
 
     @property
     def num_segments(self) -> int:
@@ -62,7 +69,10 @@ class SegmentSplitter:
         return None
 
     def _split(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return torch.split(tensor, self.plan.lengths, dim=self.seq_dim)
+        segments = torch.split(tensor, self.plan.lengths, dim=self.seq_dim)
+        if self.context is None:
+            return segments
+        return tuple(self.context.share(segment, self.seq_dim) for segment in segments)
 
     def split_args(self, mb_args: tuple) -> list[tuple]:
         """One microbatch's positional args -> one tuple per segment."""
@@ -84,12 +94,18 @@ class SegmentSplitter:
             for segment, part in zip(segments, parts):
                 segment[name] = part
         if self.positions_kwarg and self.positions_kwarg not in mb_kwargs:
-            for segment, start, end in zip(segments, self.plan.offsets, self.plan.ends):
-                segment[self.positions_kwarg] = torch.arange(start, end, device=device)[None]
+            for segment, start, length in zip(segments, self.plan.offsets, self.plan.lengths):
+                segment[self.positions_kwarg] = self._positions(start, length, device)[None]
         return segments
 
+    def _positions(self, start: int, length: int, device) -> torch.Tensor:
+        if self.context is None:
+            return torch.arange(start, start + length, device=device)
+        return self.context.positions(start, length, device)
+
     def merge_outputs(self, output_chunks: list, merge_spec: Any) -> Any:
-        """Unit outputs in chunk order -> the whole batch's output."""
+        """Unit outputs in chunk order -> the whole batch's output (under context
+        parallelism: this rank's shares, segment after segment)."""
         k = self.num_segments
         per_microbatch = [
             torch.cat(output_chunks[i : i + k], dim=self.seq_dim)

@@ -9,6 +9,7 @@ with the fix named instead of hanging in the first send.
 
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from torchtitan_seq1f1b.context_parallel import HeadTail
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = [
@@ -28,6 +29,21 @@ def check_plan(n_microbatches: int, segment_plan: SegmentPlan) -> None:
         )
     if n_microbatches < 1:
         raise ValueError(f"n_microbatches={n_microbatches} must be >= 1")
+
+
+def check_context_parallel_plan(segment_plan: SegmentPlan, layout: HeadTail) -> None:
+    """Reject segment lengths that context parallelism cannot cut into head-tail pieces,
+    naming the nearest that it can."""
+    pieces = layout.pieces
+    if all(n % pieces == 0 for n in segment_plan.lengths):
+        return
+    nearest = [max(pieces, round(n / pieces) * pieces) for n in segment_plan.lengths]
+    raise ValueError(
+        f"segment lengths {list(segment_plan.lengths)} cannot be cut into 2 * {layout.degree} "
+        f"head-tail pieces for context parallelism of degree {layout.degree}: each must be a "
+        f"multiple of {pieces}, e.g. {nearest} (with a matching seq_len), or a plan built "
+        f"with align={pieces}"
+    )
 
 
 def check_one_stage_per_rank(stages: list[_PipelineStageBase], schedule: str) -> None:

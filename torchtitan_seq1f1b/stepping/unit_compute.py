@@ -25,6 +25,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b._torch_compat import runtime_validation_disabled, stage_outputs
 from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.context_parallel import ContextGroup
 from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import scaled_seq_len, SegmentPlan
@@ -39,12 +40,20 @@ class UnitComputeScope:
         plan: the schedule's segment plan.
         kv_stores: the K/V store of every stage on this rank, by stage index.
         seq_dim: sequence dim of stage outputs.
+        context: this rank's CP group, None without context parallelism.
     """
 
-    def __init__(self, plan: SegmentPlan, kv_stores: dict[int, KVStore], seq_dim: int):
+    def __init__(
+        self,
+        plan: SegmentPlan,
+        kv_stores: dict[int, KVStore],
+        seq_dim: int,
+        context: ContextGroup | None = None,
+    ):
         self.plan = plan
         self.kv_stores = kv_stores
         self.seq_dim = seq_dim
+        self.context = context
         # This step's packed documents, one per microbatch; None for causal attention.
         self.documents: list[MicrobatchDocuments] | None = None
         self._uneven = len(set(plan.lengths)) > 1
@@ -58,7 +67,8 @@ class UnitComputeScope:
             runtime_validation_disabled(stage) if self._uneven else contextlib.nullcontext()
         )
         documents = None if self.documents is None else self.documents[unit.microbatch]
-        with store.running_unit(RunningUnit(unit, self.plan, documents)), validation:
+        running = RunningUnit(unit, self.plan, documents, self.context)
+        with store.running_unit(running), validation:
             yield
         if kind == "F" and not stage.is_last:
             self._check_outputs(stage, chunk_id, unit.segment)

@@ -1,0 +1,85 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""Context parallelism (CP = 2) with every schedule (PP = 2), float64, on 4 gloo ranks.
+
+Ranks are laid out as torchtitan's mesh lays them, PP outermost: rank
+``2 * pp_rank + cp_rank``. Each CP rank runs the schedule on its head-tail
+share of every segment; its parameter gradients, summed over the CP group, and
+its per-microbatch loss sums, summed likewise, must equal the unsplit
+single-process reference's at rtol 1e-10, every backward on a fresh thread.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
+from torchtitan_seq1f1b.check.exactness import build_schedule, Case, holds_last_stage, reference
+from torchtitan_seq1f1b.context_parallel import ContextGroup, HeadTail
+from torchtitan_seq1f1b.local_ranks import run_ranks
+
+CP, PP = 2, 2
+RTOL, ATOL = 1e-10, 1e-14
+
+
+def _groups(rank: int):
+    """(pp group, pp rank, cp group, cp rank) of ``rank``; every rank creates every group."""
+    pp_groups = [dist.new_group([pp * CP + cp for pp in range(PP)]) for cp in range(CP)]
+    cp_groups = [dist.new_group([pp * CP + cp for cp in range(CP)]) for pp in range(PP)]
+    pp_rank, cp_rank = divmod(rank, CP)
+    return pp_groups[cp_rank], pp_rank, cp_groups[pp_rank], cp_rank
+
+
+def _cp_pipelined(rank, world_size, case: Case):
+    pp_group, pp_rank, cp_group, cp_rank = _groups(rank)
+    context = ContextGroup(HeadTail(CP, cp_rank), cp_group)
+    schedule, parts, indices = build_schedule(pp_rank, PP, case, None, pp_group, context)
+    has_last = holds_last_stage(case, PP, indices)
+    tokens, target = case.batch(torch.device("cpu"))
+    losses: list = []
+    with backward_on_fresh_thread(case.device_thread):
+        schedule.step(
+            *((tokens,) if pp_rank == 0 else ()), target=target if has_last else None,
+            losses=losses,
+        )
+    grads = {n: p.grad for part in parts for n, p in part.named_parameters()}
+    for grad in grads.values():
+        dist.all_reduce(grad, group=cp_group)
+    losses = torch.stack(losses) if has_last else torch.zeros(case.n_microbatches, dtype=case.dtype)
+    dist.all_reduce(losses, group=cp_group)
+    return {"grads": grads, "losses": losses, "last": has_last, "cp_rank": cp_rank}
+
+
+CASES = {
+    f"{schedule}-{lengths}-{kv}": Case(
+        2, lengths, n_kv_heads=kv, schedule=schedule,
+        stages_per_rank=1 if schedule in ("Seq1F1B", "Seq1F1BZeroBubble") else 2,
+        activation_checkpoint=checkpoint,
+    )
+    for schedule, lengths, kv, checkpoint in [
+        ("Seq1F1B", (24,), 4, "none"),
+        ("Seq1F1B", (8, 12, 4), 2, "full"),
+        ("Seq1F1B", (4, 8, 4, 8), 4, "selective_op"),
+        ("InterleavedSeq1F1B", (8, 12, 4), 2, "selective_layer"),
+        ("Seq1F1BZeroBubble", (8, 12, 4), 2, "full"),
+        ("Seq1F1BZBV", (12, 4, 8), 2, "none"),
+    ]
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cp2_pp2_equals_the_unsplit_reference(name):
+    case = CASES[name]
+    ranks = run_ranks(_cp_pipelined, CP * PP, case, timeout=300)
+    ref = reference(case)
+    grads = {}
+    for result in ranks:
+        if result["cp_rank"] == 0:
+            grads.update(result["grads"])
+    assert grads.keys() == ref["grads"].keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref["grads"][name], rtol=RTOL, atol=ATOL, msg=name)
+    last = [r for r in ranks if r["last"]]
+    for result in last:
+        torch.testing.assert_close(result["losses"], torch.stack(ref["loss_sums"]), rtol=RTOL, atol=0)
