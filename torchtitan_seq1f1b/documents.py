@@ -306,6 +306,9 @@ class MicrobatchDocuments:
     _segments: dict[tuple[int, int | None], SegmentDocuments] = field(
         init=False, repr=False, default_factory=dict
     )
+    _spans: dict[tuple[int, int], SegmentDocuments] = field(
+        init=False, repr=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if self.row_starts is None:
@@ -326,6 +329,13 @@ class MicrobatchDocuments:
                 self.row_starts, self.plan.offsets[j], self.plan.ends[j], self, window_left
             )
         return self._segments[j, window_left]
+
+    def span(self, start: int, end: int) -> SegmentDocuments:
+        """The layout of queries ``[start, end)``, which need not be a segment of the
+        plan: a head-tail piece of one under context parallelism."""
+        if (start, end) not in self._spans:
+            self._spans[start, end] = SegmentDocuments.of(self.row_starts, start, end, self)
+        return self._spans[start, end]
 
     @functools.cached_property
     def device_starts(self) -> torch.Tensor:

@@ -309,14 +309,13 @@ class ScheduleSeq1F1B(PipelineRuntime):
             bind_attention(stage.submod, store)
 
         documents = None
-        if inputs.document_ids is not None and self._context is not None:
-            raise NotImplementedError("packed documents under context parallelism")
         if inputs.document_ids is not None:
             documents = [
                 MicrobatchDocuments(ids, self.segment_plan, starts)
                 for ids, starts in zip(inputs.document_ids, inputs.document_starts)
             ]
-            upload_varlen_layouts(documents, self._stages[0].device, self._windows())
+            if self._context is None:  # CP attention lays out its pieces itself
+                upload_varlen_layouts(documents, self._stages[0].device, self._windows())
         self._unit_scope.documents = documents
         split, device = self._splitter, self._stages[0].device
         arg_units = [u for mb in inputs.args for u in split.split_args(mb)]

@@ -25,6 +25,7 @@ from torchtitan_seq1f1b.attention import bind_attention, SegmentAwareAttention
 from torchtitan_seq1f1b.attention.segment_op import _pieces
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.context_parallel import ContextGroup, HeadTail
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -32,18 +33,23 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 
 
-def _unsplit(q, k, v, grad_out):
-    """Causal attention over the whole sequence: out and (dq, dk, dv)."""
+def _unsplit(q, k, v, grad_out, ids):
+    """Causal attention within documents over the whole sequence: out and (dq, dk, dv)."""
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     q_, k_, v_ = (x.transpose(1, 2) for x in leaves)
-    out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, enable_gqa=True).transpose(1, 2)
+    positions = torch.arange(ids.shape[1])
+    mask = (positions[None, :] <= positions[:, None]) & (ids[:, None, :] == ids[:, :, None])
+    out = F.scaled_dot_product_attention(q_, k_, v_, mask[:, None], enable_gqa=True).transpose(1, 2)
     out.backward(grad_out)
     return out.detach(), [x.grad for x in leaves]
 
 
-def _top_left_pieces(running):
+def _top_left_pieces(running, keys):
     """Each piece's queries aligned top-left against its keys: query i sees keys 0..i."""
-    return [(rows, rows.stop - rows.start) for rows, _ in _pieces(running)]
+    return [
+        (rows, slice(span.start, span.start + rows.stop - rows.start), documents)
+        for rows, span, documents in _pieces(running, keys)
+    ]
 
 
 BROKEN = {
@@ -57,14 +63,25 @@ BROKEN = {
 }
 
 
-def _segmented_share(rank, world_size, lengths, kv_heads, checkpoint=False, broken=None):
+def _document_ids(plan: SegmentPlan, documents) -> torch.Tensor:
+    """(BATCH, seq_len) ids: row r packs documents of lengths ``documents[r]`` (one
+    document where None)."""
+    rows = []
+    for lengths in documents or [(plan.seq_len,)] * BATCH:
+        rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)))
+    return torch.stack(rows)
+
+
+def _segmented_share(rank, world_size, lengths, kv_heads, checkpoint=False, broken=None, documents=None):
     torch.manual_seed(0)
     plan = SegmentPlan.from_lengths(lengths)
     shape = (BATCH, plan.seq_len)
     q = torch.randn(*shape, HEADS, HEAD_DIM, dtype=torch.float64)
     k, v = (torch.randn(*shape, kv_heads, HEAD_DIM, dtype=torch.float64) for _ in range(2))
     grad_out = torch.randn_like(q)
-    out, grads = _unsplit(q, k, v, grad_out)
+    ids = _document_ids(plan, documents)
+    out, grads = _unsplit(q, k, v, grad_out, ids)
+    microbatch = None if documents is None else MicrobatchDocuments(ids, plan)
 
     context = ContextGroup(HeadTail(world_size, rank), dist.group.WORLD)
     stack = contextlib.ExitStack()
@@ -92,7 +109,7 @@ def _segmented_share(rank, world_size, lengths, kv_heads, checkpoint=False, brok
 
     units, leaves, outs = [], [], []
     for segment in range(plan.num_segments):
-        units.append(RunningUnit(Unit(0, segment), plan, context=context))
+        units.append(RunningUnit(Unit(0, segment), plan, microbatch, context))
         leaves.append([share(x, segment).requires_grad_() for x in (q, k, v)])
         with store.running_unit(units[-1]):
             outs.append(attend(*leaves[-1]))
@@ -118,6 +135,22 @@ def test_context_parallel_segments_equal_unsplit_attention(lengths, kv_heads, ch
         assert error < 1e-12
         k = len(lengths)
         assert calls == ["gather"] * k + ["reduce_scatter"] * k
+
+
+# Per row, document lengths: borders inside segments and inside head-tail pieces
+# (pieces of 3, 1 and 4 tokens for the segments 12, 4 and 16), and a row of one document.
+DOCUMENTS = {"crossing": ((5, 9, 2, 16), (32,)), "short": ((3, 3, 7, 1, 6, 12), (10, 22))}
+
+
+@pytest.mark.parametrize("documents", list(DOCUMENTS))
+def test_context_parallel_documents_equal_unsplit_attention(documents):
+    for checkpoint in (False, True):
+        results = run_ranks(
+            _segmented_share, 2, (12, 4, 16), 2, checkpoint, None, DOCUMENTS[documents],
+            timeout=120,
+        )
+        for error, _ in results:
+            assert error < 1e-12
 
 
 @pytest.mark.parametrize("broken", list(BROKEN))

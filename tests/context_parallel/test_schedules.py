@@ -7,7 +7,9 @@ Ranks are laid out as torchtitan's mesh lays them, PP outermost: rank
 ``2 * pp_rank + cp_rank``. Each CP rank runs the schedule on its head-tail
 share of every segment; its parameter gradients, summed over the CP group, and
 its per-microbatch loss sums, summed likewise, must equal the unsplit
-single-process reference's at rtol 1e-10, every backward on a fresh thread.
+single-process reference's at rtol 1e-10, every backward on a fresh thread:
+every schedule, uneven plans, GQA, every checkpointing mode, packed documents
+whose borders fall inside segments and inside head-tail pieces.
 """
 
 import pytest
@@ -41,7 +43,7 @@ def _cp_pipelined(rank, world_size, case: Case):
     with backward_on_fresh_thread(case.device_thread):
         schedule.step(
             *((tokens,) if pp_rank == 0 else ()), target=target if has_last else None,
-            losses=losses,
+            losses=losses, document_ids=case.document_ids(torch.device("cpu")),
         )
     grads = {n: p.grad for part in parts for n, p in part.named_parameters()}
     for grad in grads.values():
@@ -51,19 +53,21 @@ def _cp_pipelined(rank, world_size, case: Case):
     return {"grads": grads, "losses": losses, "last": has_last, "cp_rank": cp_rank}
 
 
+# Per row, document lengths with borders inside segments and head-tail pieces.
+DOCUMENTS = ((5, 9, 2, 8), (24,))
 CASES = {
-    f"{schedule}-{lengths}-{kv}": Case(
+    f"{schedule}-{lengths}-kv{kv}-{checkpoint}" + ("-documents" if documents else ""): Case(
         2, lengths, n_kv_heads=kv, schedule=schedule,
         stages_per_rank=1 if schedule in ("Seq1F1B", "Seq1F1BZeroBubble") else 2,
-        activation_checkpoint=checkpoint,
+        activation_checkpoint=checkpoint, documents=documents,
     )
-    for schedule, lengths, kv, checkpoint in [
-        ("Seq1F1B", (24,), 4, "none"),
-        ("Seq1F1B", (8, 12, 4), 2, "full"),
-        ("Seq1F1B", (4, 8, 4, 8), 4, "selective_op"),
-        ("InterleavedSeq1F1B", (8, 12, 4), 2, "selective_layer"),
-        ("Seq1F1BZeroBubble", (8, 12, 4), 2, "full"),
-        ("Seq1F1BZBV", (12, 4, 8), 2, "none"),
+    for schedule, lengths, kv, checkpoint, documents in [
+        ("Seq1F1B", (24,), 4, "none", None),
+        ("Seq1F1B", (8, 12, 4), 2, "full", DOCUMENTS),
+        ("Seq1F1B", (4, 8, 4, 8), 4, "selective_op", None),
+        ("InterleavedSeq1F1B", (8, 12, 4), 2, "selective_layer", DOCUMENTS),
+        ("Seq1F1BZeroBubble", (8, 12, 4), 2, "full", None),
+        ("Seq1F1BZBV", (12, 4, 8), 2, "none", DOCUMENTS),
     ]
 }
 

@@ -97,30 +97,42 @@ def segment_attention(
     return out, lse
 
 
-def _pieces(running: RunningUnit) -> list[tuple[slice, int]]:
-    """Per head-tail piece of this CP rank's share: its rows of the share and the
-    number of keys (from position 0) its queries attend."""
+def _pieces(running: RunningUnit, keys: torch.Tensor) -> list[tuple]:
+    """Per head-tail piece of this CP rank's share: its rows of the share, its keys
+    (a slice of ``keys``, the store's view from the unit's first key) and its
+    documents (None where dense)."""
     plan, segment = running.plan, running.unit.segment
     spans = running.context.layout.spans(plan.offsets[segment], plan.lengths[segment])
     size = spans[0][1] - spans[0][0]
-    return [(slice(i * size, (i + 1) * size), end) for i, (_, end) in enumerate(spans)]
+    pieces = []
+    for i, (start, end) in enumerate(spans):
+        documents = None if running.documents is None else running.documents.span(start, end)
+        key_start = running.key_start if documents is None else documents.key_start
+        keys_of_piece = slice(key_start - running.key_start, end - running.key_start)
+        if documents is not None and documents.dense:
+            documents = None
+        if documents is not None and documents.varlen is None:
+            # Keys are the store's rows, seq_len apart (the store keeps all under CP).
+            documents.upload_varlen(keys.device, keys.stride(0) // keys.stride(1))
+        pieces.append((slice(i * size, (i + 1) * size), keys_of_piece, documents))
+    return pieces
 
 
 def _context_parallel_forward(q, k, v, layer, store, running, scale):
     """The op's forward on a CP rank: q, k, v are its share of the segment (two
     head-tail pieces). The segment's K/V are gathered into the store, unless a
     checkpoint recomputes a segment whose K/V the store holds already; each piece
-    attends bottom-right causally to the keys up to its own end."""
-    if running.documents is not None or getattr(layer, "window_left", None) is not None:
-        raise NotImplementedError("packed documents and sliding windows under context parallelism")
+    attends bottom-right causally (within its documents) to the keys up to its end."""
+    if getattr(layer, "window_left", None) is not None:
+        raise NotImplementedError("sliding windows under context parallelism")
     if store.holds(layer):
         keys, values, _, _ = store.prefix(layer, None, None, write=False)
     else:
         keys, values, _, _ = store.prefix(layer, *running.context.gather(k, v), write=True)
     raise_if_unmet(layer.backend, KernelTarget.of(q))
     outs, lses = zip(*(
-        layer.backend.forward(q[:, rows], keys[:, :end], values[:, :end], scale, None)
-        for rows, end in _pieces(running)
+        layer.backend.forward(q[:, rows], keys[:, span], values[:, span], scale, documents)
+        for rows, span, documents in _pieces(running, keys)
     ))
     return torch.cat(outs, 1), torch.cat(lses, -1)
 
@@ -132,14 +144,14 @@ def _context_parallel_backward(grad, q, out, lse, layer, store, running, scale):
     keys, values, bank, _ = store.prefix(layer, None, None, write=False)
     grad_k, grad_v = torch.zeros_like(keys), torch.zeros_like(values)
     grad_q = []
-    for rows, end in _pieces(running):
+    for rows, span, documents in _pieces(running, keys):
         dq, dk, dv = layer.backend.backward(
-            grad[:, rows], q[:, rows], keys[:, :end], values[:, :end], out[:, rows],
-            lse[..., rows], scale, None,
+            grad[:, rows], q[:, rows], keys[:, span], values[:, span], out[:, rows],
+            lse[..., rows], scale, documents,
         )
         grad_q.append(dq)
-        grad_k[:, :end] += dk
-        grad_v[:, :end] += dv
+        grad_k[:, span] += dk
+        grad_v[:, span] += dv
     dk, dv = running.context.reduce_scatter(*bank(grad_k, grad_v))
     # One reduce-scatter returns both as views of one tensor; an op's returns may not alias.
     return torch.cat(grad_q, 1).contiguous(), dk, dv.clone()
