@@ -306,7 +306,7 @@ class MicrobatchDocuments:
     _segments: dict[tuple[int, int | None], SegmentDocuments] = field(
         init=False, repr=False, default_factory=dict
     )
-    _spans: dict[tuple[int, int], SegmentDocuments] = field(
+    _spans: dict[tuple[int, int, int | None], SegmentDocuments] = field(
         init=False, repr=False, default_factory=dict
     )
 
@@ -330,12 +330,15 @@ class MicrobatchDocuments:
             )
         return self._segments[j, window_left]
 
-    def span(self, start: int, end: int) -> SegmentDocuments:
+    def span(self, start: int, end: int, window_left: int | None = None) -> SegmentDocuments:
         """The layout of queries ``[start, end)``, which need not be a segment of the
-        plan: a head-tail piece of one under context parallelism."""
-        if (start, end) not in self._spans:
-            self._spans[start, end] = SegmentDocuments.of(self.row_starts, start, end, self)
-        return self._spans[start, end]
+        plan (a head-tail piece of one under context parallelism); with
+        ``window_left``, a sliding-window layer's."""
+        if (start, end, window_left) not in self._spans:
+            self._spans[start, end, window_left] = SegmentDocuments.of(
+                self.row_starts, start, end, self, window_left
+            )
+        return self._spans[start, end, window_left]
 
     @functools.cached_property
     def device_starts(self) -> torch.Tensor:

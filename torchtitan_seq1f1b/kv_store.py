@@ -282,9 +282,11 @@ class KVStore:
         hold them, and k and v may be None where the buffers hold the segment. Returns the keys and values
         the segment attends, a function banking their gradients that returns
         the segment's own part, and the segment's documents (None if dense).
-        A layer with a ``window_left`` keeps and reads only its window's keys.
+        A layer with a ``window_left`` keeps and reads only its window's keys (without
+        context parallelism).
         """
-        if getattr(layer, "window_left", None) is not None:
+        if getattr(layer, "window_left", None) is not None and self.running.context is None:
+            # Under CP the store keeps every segment's gathered K/V, windowed or not.
             return self._window_prefix(layer, k, v, write)
         buffers, key_start, start = self._placed(layer, k)
         end = self.running.plan.ends[self.running.unit.segment]

@@ -33,22 +33,25 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 
 
-def _unsplit(q, k, v, grad_out, ids):
-    """Causal attention within documents over the whole sequence: out and (dq, dk, dv)."""
+def _unsplit(q, k, v, grad_out, ids, window_left):
+    """Causal attention within documents (and the window) over the whole sequence:
+    out and (dq, dk, dv)."""
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     q_, k_, v_ = (x.transpose(1, 2) for x in leaves)
     positions = torch.arange(ids.shape[1])
     mask = (positions[None, :] <= positions[:, None]) & (ids[:, None, :] == ids[:, :, None])
+    if window_left is not None:
+        mask &= positions[None, :] >= positions[:, None] - window_left
     out = F.scaled_dot_product_attention(q_, k_, v_, mask[:, None], enable_gqa=True).transpose(1, 2)
     out.backward(grad_out)
     return out.detach(), [x.grad for x in leaves]
 
 
-def _top_left_pieces(running, keys):
+def _top_left_pieces(running, keys, window_left):
     """Each piece's queries aligned top-left against its keys: query i sees keys 0..i."""
     return [
         (rows, slice(span.start, span.start + rows.stop - rows.start), documents)
-        for rows, span, documents in _pieces(running, keys)
+        for rows, span, documents in _pieces(running, keys, window_left)
     ]
 
 
@@ -72,7 +75,10 @@ def _document_ids(plan: SegmentPlan, documents) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _segmented_share(rank, world_size, lengths, kv_heads, checkpoint=False, broken=None, documents=None):
+def _segmented_share(
+    rank, world_size, lengths, kv_heads, checkpoint=False, broken=None, documents=None,
+    window_left=None,
+):
     torch.manual_seed(0)
     plan = SegmentPlan.from_lengths(lengths)
     shape = (BATCH, plan.seq_len)
@@ -80,12 +86,12 @@ def _segmented_share(rank, world_size, lengths, kv_heads, checkpoint=False, brok
     k, v = (torch.randn(*shape, kv_heads, HEAD_DIM, dtype=torch.float64) for _ in range(2))
     grad_out = torch.randn_like(q)
     ids = _document_ids(plan, documents)
-    out, grads = _unsplit(q, k, v, grad_out, ids)
+    out, grads = _unsplit(q, k, v, grad_out, ids, window_left)
     microbatch = None if documents is None else MicrobatchDocuments(ids, plan)
 
     context = ContextGroup(HeadTail(world_size, rank), dist.group.WORLD)
     stack = contextlib.ExitStack()
-    attention, store = SegmentAwareAttention("sdpa"), KVStore()
+    attention, store = SegmentAwareAttention("sdpa", window_left=window_left), KVStore()
     bind_attention(attention, store)
 
     def share(x, segment):
@@ -151,6 +157,18 @@ def test_context_parallel_documents_equal_unsplit_attention(documents):
         )
         for error, _ in results:
             assert error < 1e-12
+
+
+@pytest.mark.parametrize("documents", [None, "crossing"])
+def test_context_parallel_sliding_windows_equal_unsplit_attention(documents):
+    """Windows of 5 keys: they cross segment and piece borders."""
+    results = run_ranks(
+        _segmented_share, 2, (12, 4, 16), 2, True, None, DOCUMENTS.get(documents), 5,
+        timeout=120,
+    )
+    for error, calls in results:
+        assert error < 1e-12
+        assert calls == ["gather"] * 3 + ["reduce_scatter"] * 3
 
 
 @pytest.mark.parametrize("broken", list(BROKEN))

@@ -9,7 +9,8 @@ share of every segment; its parameter gradients, summed over the CP group, and
 its per-microbatch loss sums, summed likewise, must equal the unsplit
 single-process reference's at rtol 1e-10, every backward on a fresh thread:
 every schedule, uneven plans, GQA, every checkpointing mode, packed documents
-whose borders fall inside segments and inside head-tail pieces.
+whose borders fall inside segments and inside head-tail pieces, sliding windows
+crossing both.
 """
 
 import pytest
@@ -56,18 +57,19 @@ def _cp_pipelined(rank, world_size, case: Case):
 # Per row, document lengths with borders inside segments and head-tail pieces.
 DOCUMENTS = ((5, 9, 2, 8), (24,))
 CASES = {
-    f"{schedule}-{lengths}-kv{kv}-{checkpoint}" + ("-documents" if documents else ""): Case(
+    f"{schedule}-{lengths}-kv{kv}-{checkpoint}"
+    + ("-documents" if documents else "") + (f"-window{window}" if window else ""): Case(
         2, lengths, n_kv_heads=kv, schedule=schedule,
         stages_per_rank=1 if schedule in ("Seq1F1B", "Seq1F1BZeroBubble") else 2,
-        activation_checkpoint=checkpoint, documents=documents,
+        activation_checkpoint=checkpoint, documents=documents, window_left=window,
     )
-    for schedule, lengths, kv, checkpoint, documents in [
-        ("Seq1F1B", (24,), 4, "none", None),
-        ("Seq1F1B", (8, 12, 4), 2, "full", DOCUMENTS),
-        ("Seq1F1B", (4, 8, 4, 8), 4, "selective_op", None),
-        ("InterleavedSeq1F1B", (8, 12, 4), 2, "selective_layer", DOCUMENTS),
-        ("Seq1F1BZeroBubble", (8, 12, 4), 2, "full", None),
-        ("Seq1F1BZBV", (12, 4, 8), 2, "none", DOCUMENTS),
+    for schedule, lengths, kv, checkpoint, documents, window in [
+        ("Seq1F1B", (24,), 4, "none", None, None),
+        ("Seq1F1B", (8, 12, 4), 2, "full", DOCUMENTS, None),
+        ("Seq1F1B", (4, 8, 4, 8), 4, "selective_op", None, 5),
+        ("InterleavedSeq1F1B", (8, 12, 4), 2, "selective_layer", DOCUMENTS, None),
+        ("Seq1F1BZeroBubble", (8, 12, 4), 2, "full", None, None),
+        ("Seq1F1BZBV", (12, 4, 8), 2, "none", DOCUMENTS, 5),
     ]
 }
 

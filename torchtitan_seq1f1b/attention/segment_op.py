@@ -32,6 +32,7 @@ import torch.nn as nn
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import KernelTarget
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
@@ -97,16 +98,19 @@ def segment_attention(
     return out, lse
 
 
-def _pieces(running: RunningUnit, keys: torch.Tensor) -> list[tuple]:
+def _pieces(running: RunningUnit, keys: torch.Tensor, window_left: int | None) -> list[tuple]:
     """Per head-tail piece of this CP rank's share: its rows of the share, its keys
     (a slice of ``keys``, the store's view from the unit's first key) and its
-    documents (None where dense)."""
+    documents (None where dense); with ``window_left``, a sliding-window layer's."""
     plan, segment = running.plan, running.unit.segment
     spans = running.context.layout.spans(plan.offsets[segment], plan.lengths[segment])
     size = spans[0][1] - spans[0][0]
+    microbatch = running.documents
+    if microbatch is None and window_left is not None:
+        microbatch = MicrobatchDocuments.whole_rows(keys.shape[0], plan, keys.device)
     pieces = []
     for i, (start, end) in enumerate(spans):
-        documents = None if running.documents is None else running.documents.span(start, end)
+        documents = None if microbatch is None else microbatch.span(start, end, window_left)
         key_start = running.key_start if documents is None else documents.key_start
         keys_of_piece = slice(key_start - running.key_start, end - running.key_start)
         if documents is not None and documents.dense:
@@ -123,8 +127,6 @@ def _context_parallel_forward(q, k, v, layer, store, running, scale):
     head-tail pieces). The segment's K/V are gathered into the store, unless a
     checkpoint recomputes a segment whose K/V the store holds already; each piece
     attends bottom-right causally (within its documents) to the keys up to its end."""
-    if getattr(layer, "window_left", None) is not None:
-        raise NotImplementedError("sliding windows under context parallelism")
     if store.holds(layer):
         keys, values, _, _ = store.prefix(layer, None, None, write=False)
     else:
@@ -132,7 +134,7 @@ def _context_parallel_forward(q, k, v, layer, store, running, scale):
     raise_if_unmet(layer.backend, KernelTarget.of(q))
     outs, lses = zip(*(
         layer.backend.forward(q[:, rows], keys[:, span], values[:, span], scale, documents)
-        for rows, span, documents in _pieces(running, keys)
+        for rows, span, documents in _pieces(running, keys, getattr(layer, "window_left", None))
     ))
     return torch.cat(outs, 1), torch.cat(lses, -1)
 
@@ -144,7 +146,7 @@ def _context_parallel_backward(grad, q, out, lse, layer, store, running, scale):
     keys, values, bank, _ = store.prefix(layer, None, None, write=False)
     grad_k, grad_v = torch.zeros_like(keys), torch.zeros_like(values)
     grad_q = []
-    for rows, span, documents in _pieces(running, keys):
+    for rows, span, documents in _pieces(running, keys, getattr(layer, "window_left", None)):
         dq, dk, dv = layer.backend.backward(
             grad[:, rows], q[:, rows], keys[:, span], values[:, span], out[:, rows],
             lse[..., rows], scale, documents,
