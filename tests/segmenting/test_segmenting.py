@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
+from torchtitan_seq1f1b.segmenting import nearest_aligned, SegmentPlan, TransformerCost
 
 # The paper's 7B shape: MHA, non-gated MLP.
 PAPER_7B = TransformerCost(
@@ -256,12 +256,25 @@ def test_forward_flops_rejects_segment_outside_prefix():
     ([4, 0, 4], 1, "lengths"),
     ([4, -4], 1, "lengths"),
     ([], 1, "lengths"),
-    ([128, 100], 128, r"lengths=.*\[100\] not a multiple of align=128"),
+    ([128, 100], 128, r"lengths=.*\[100\] not a multiple of align=128.*e\.g\. \[128, 128\]"),
     ([128], 0, "align=0"),
 ])
 def test_bad_from_lengths(lengths, align, match):
     with pytest.raises(ValueError, match=match):
         SegmentPlan.from_lengths(lengths, align=align)
+
+
+@pytest.mark.parametrize("lengths,align,nearest", [
+    ([5, 9, 2], 4, [4, 8, 4]),  # border 14 -> 12, not 16, which would empty the last
+    ([6, 6, 4], 4, [8, 4, 4]),
+    ([1, 1, 30], 8, [8, 8, 16]),  # each keeps at least align
+    ([1, 1], 8, [8, 8]),  # no room: the total rounds up
+    ([4, 8], 4, [4, 8]),
+    ([3, 3], 4, [4, 4]),  # a total off the grid rounds up
+])
+def test_nearest_aligned_lengths_keep_the_total(lengths, align, nearest):
+    assert nearest_aligned(lengths, align) == nearest
+    assert all(n % align == 0 and n >= align for n in nearest)
 
 
 def test_plan_rejects_inconsistent_fields():
@@ -344,7 +357,7 @@ def test_imports_without_torch():
         "package = types.ModuleType('torchtitan_seq1f1b')\n"
         f"package.__path__ = [{str(package_dir)!r}]\n"
         "sys.modules['torchtitan_seq1f1b'] = package\n"
-        "from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost\n"
+        "from torchtitan_seq1f1b.segmenting import nearest_aligned, SegmentPlan, TransformerCost\n"
         "SegmentPlan.balanced(64, 4, TransformerCost(1, 8, 2, 2, 8, 8))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -41,6 +41,7 @@ __all__ = [
     "Seq1F1BConfigError",
     "plan_segments",
     "planner_problems",
+    "sequence_shards",
     "uses_planner",
 ]
 
@@ -158,6 +159,14 @@ def planner_problems(options: Seq1F1BOptions) -> list[str]:
     return problems
 
 
+def sequence_shards(tp: int, cp: int) -> int:
+    """What every segment length must be a multiple of for the job's sequence
+    sharding: ``tp`` (sequence parallel), times 2 * ``cp`` under context
+    parallelism (each CP rank holds two head-tail pieces), as torchtitan asks of
+    ``training.seq_len``."""
+    return tp * (2 * cp if cp > 1 else 1)
+
+
 def plan_segments(
     options: Seq1F1BOptions,
     seq_len: int,
@@ -165,12 +174,14 @@ def plan_segments(
     cost: TransformerCost,
     job: PlannerJob | None = None,
     log: Callable[[str], None] = print,
+    cp: int = 1,
 ) -> SegmentPlan:
     """The plan ``options`` ask for at ``seq_len`` tokens per sequence.
 
     Segment lengths are multiples of :meth:`Seq1F1BOptions.segment_align` (the
-    kernel tile on CUDA unless ``align`` is set; sequence parallel shards
-    every segment over the TP ranks); ``cost`` prices
+    kernel tile on CUDA unless ``align`` is set) and of :func:`sequence_shards`
+    (sequence parallel shards every segment over the TP ranks, context
+    parallelism cuts it into 2 * ``cp`` pieces); ``cost`` prices
     segments for the "balanced" partition. Options that use the planner need
     ``job`` and, under torch.distributed, every rank calling together. Raises
     :class:`Seq1F1BConfigError` naming the options when no such plan exists.
@@ -179,10 +190,11 @@ def plan_segments(
         chosen = options.segment_align(1, seq_len, torch.cuda.is_available())
     except ValueError as error:
         raise Seq1F1BConfigError(str(error)) from None
-    align = math.lcm(chosen, tp)
+    align = math.lcm(chosen, sequence_shards(tp, cp))
+    context = f" x 2 * cp={cp}" if cp > 1 else ""
     where = (
         f"seq1f1b.num_segments={options.num_segments!r}, seq1f1b.partition="
-        f"{options.partition!r}, seq1f1b.align={chosen} (x tp={tp}), "
+        f"{options.partition!r}, seq1f1b.align={chosen} (x tp={tp}{context}), "
         f"training.seq_len={seq_len}"
     )
     try:

@@ -5,7 +5,7 @@
 
 from torchtitan_seq1f1b.segmenting.cost import SegmentCost, TransformerCost
 from torchtitan_seq1f1b.segmenting.packed import DocumentLengths, PackedDocumentsCost
-from torchtitan_seq1f1b.segmenting.segment_plan import scaled_seq_len, SegmentPlan
+from torchtitan_seq1f1b.segmenting.segment_plan import nearest_aligned, scaled_seq_len, SegmentPlan
 
 __all__ = [
     "DocumentLengths",
@@ -13,5 +13,6 @@ __all__ = [
     "SegmentCost",
     "SegmentPlan",
     "TransformerCost",
+    "nearest_aligned",
     "scaled_seq_len",
 ]

@@ -17,7 +17,7 @@ from itertools import accumulate
 
 from torchtitan_seq1f1b.segmenting.cost import is_int, SegmentCost
 
-__all__ = ["SegmentPlan", "scaled_seq_len"]
+__all__ = ["nearest_aligned", "SegmentPlan", "scaled_seq_len"]
 
 
 def _check_split(seq_len: int, num_segments: int, align: int) -> None:
@@ -40,6 +40,23 @@ def _check_split(seq_len: int, num_segments: int, align: int) -> None:
 def _check_lengths(lengths: tuple[int, ...]) -> None:
     if not lengths or not all(is_int(n) and n > 0 for n in lengths):
         raise ValueError(f"lengths={list(lengths)} must be a non-empty list of positive ints")
+
+
+def nearest_aligned(lengths: tuple[int, ...] | list[int], align: int) -> list[int]:
+    """Lengths near ``lengths`` that are multiples of ``align``, for an error to suggest.
+
+    Each border between segments moves to its nearest multiple of ``align`` that leaves
+    every segment at least ``align`` tokens; the total keeps its value when it is a
+    multiple of ``align`` and there is room, else it rounds up.
+    """
+    count, total = len(lengths), -(-sum(lengths) // align) * align
+    borders, previous = [], 0
+    for i, end in enumerate(accumulate(lengths[:-1])):
+        latest = max(total - align * (count - 1 - i), previous + align)
+        previous = min(max(previous + align, round(end / align) * align), latest)
+        borders.append(previous)
+    borders.append(max(total, previous + align))
+    return [end - start for start, end in zip([0, *borders], borders)]
 
 
 def _fit_from_end(
@@ -181,7 +198,7 @@ class SegmentPlan:
         if misaligned:
             raise ValueError(
                 f"lengths={list(lengths)} has {misaligned} not a multiple of align={align}; "
-                f"round each length to a multiple of {align}"
+                f"use multiples of {align}, e.g. {nearest_aligned(lengths, align)}"
             )
         return cls(sum(lengths), lengths)
 

@@ -10,7 +10,7 @@ with the fix named instead of hanging in the first send.
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from torchtitan_seq1f1b.context_parallel import HeadTail
-from torchtitan_seq1f1b.segmenting import SegmentPlan
+from torchtitan_seq1f1b.segmenting import nearest_aligned, SegmentPlan
 
 __all__ = [
     "check_loop_placement",
@@ -37,11 +37,11 @@ def check_context_parallel_plan(segment_plan: SegmentPlan, layout: HeadTail) -> 
     pieces = layout.pieces
     if all(n % pieces == 0 for n in segment_plan.lengths):
         return
-    nearest = [max(pieces, round(n / pieces) * pieces) for n in segment_plan.lengths]
+    nearest = nearest_aligned(segment_plan.lengths, pieces)
     raise ValueError(
         f"segment lengths {list(segment_plan.lengths)} cannot be cut into 2 * {layout.degree} "
         f"head-tail pieces for context parallelism of degree {layout.degree}: each must be a "
-        f"multiple of {pieces}, e.g. {nearest} (with a matching seq_len), or a plan built "
+        f"multiple of {pieces}, e.g. {nearest}, or a plan built "
         f"with align={pieces}"
     )
 

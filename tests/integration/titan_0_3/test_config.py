@@ -19,6 +19,7 @@ from torchtitan.tools import utils
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_job
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
@@ -133,8 +134,20 @@ def test_every_problem_is_named_at_once():
          "seq1f1b.memory_budget_gib=-1.0 must be > 0 (or unset)"),
         (lambda c: setattr(c.seq1f1b, "segment_lengths", [32, 16]),
          "seq1f1b.segment_lengths=[32, 16] sum to 48, not 64"),
-        (lambda c: setattr(c.parallelism, "context_parallel_degree", 2),
-         "parallelism.context_parallel_degree=2"),
+        (lambda c: (setattr(c.parallelism, "context_parallel_degree", 2),
+                    setattr(c.seq1f1b, "segment_lengths", [30, 34])),
+         "lengths=[30, 34] has [30, 34] not a multiple of align=4; use multiples of 4, "
+         "e.g. [32, 32]"),
+        (lambda c: (setattr(c.parallelism, "context_parallel_degree", 2),
+                    setattr(c.parallelism, "context_parallel_load_balancer", "ptrr")),
+         "parallelism.context_parallel_load_balancer='ptrr' with context_parallel_degree=2: "
+         "Seq1F1B balances CP itself, head-tail inside every segment"),
+        (lambda c: (setattr(c.parallelism, "context_parallel_degree", 2),
+                    setattr(c.parallelism, "spmd_backend", "partial_dtensor")),
+         "parallelism.spmd_backend='partial_dtensor' with context_parallel_degree=2"),
+        (lambda c: (setattr(c.parallelism, "context_parallel_degree", 2),
+                    setattr(c.validator, "enable", True)),
+         "validator.enable with context_parallel_degree=2"),
         (lambda c: (setattr(c.seq1f1b, "schedule", "Seq1F1BZeroBubble"),
                     setattr(c, "activation_checkpoint", SelectiveAC.Config())),
          "activation_checkpoint:selective cannot run under seq1f1b.schedule='Seq1F1BZeroBubble'"),
@@ -148,7 +161,8 @@ def test_every_problem_is_named_at_once():
     ],
     ids=[
         "num_segments", "num_segments_string", "auto_with_lengths", "auto_partition_with_lengths",
-        "zero_budget", "negative_budget", "segment_lengths", "context_parallel", "selective_ac",
+        "zero_budget", "negative_budget", "segment_lengths", "cp_segment_lengths",
+        "cp_load_balancer", "cp_spmd_backend", "cp_validator", "selective_ac",
         "chunked_loss", "planned_chunked_loss",
     ],
 )
@@ -182,6 +196,22 @@ def test_options_do_not_matter_without_seq1f1b():
     check_config(config)
     config.parallelism.pipeline_parallel_degree = 2
     config.seq1f1b.schedule = "none"
+    check_config(config)
+
+
+def test_context_parallel_plans_align_to_its_pieces(monkeypatch):
+    """num_segments plans give lengths CP = 2 can cut into 4 head-tail pieces; on CPU a
+    job without a Seq1F1B schedule is refused CP, which only those schedules cut."""
+    config = seq1f1b_debug()
+    config.parallelism.context_parallel_degree = 2
+    config.seq1f1b.num_segments = 3
+    check_config(config)
+    plan = segment_plan_for(config.seq1f1b, 64, 2, config.model_spec.model, cp=2)
+    assert sum(plan.lengths) == 64 and all(n % 8 == 0 for n in plan.lengths)
+    config.seq1f1b.schedule = "none"
+    monkeypatch.setattr(utils, "device_type", "cpu")  # what the CPU shim sets
+    assert "without a Seq1F1B schedule: on CPU only Seq1F1B's" in problems_of(config)
+    monkeypatch.setattr(utils, "device_type", "cuda")  # torchtitan's own CP
     check_config(config)
 
 

@@ -121,6 +121,19 @@ def test_expert_parallel_pp2_matches_expert_parallel(model_run):
     _assert_same_expert_biases(pipelined, reference)
 
 
+@pytest.mark.parametrize("model_run", ["deepseek_v3"], indirect=True)
+def test_context_parallel_pp2_matches_unpipelined(model_run, model_unpipelined):
+    """CP = 2 x PP = 2 (4 ranks): MLA's K/V gathered per segment, and the router's
+    token counts summed over the CP ranks' shares."""
+    pipelined = model_run(
+        4, "--parallelism.pipeline_parallel_degree", "2",
+        "--parallelism.context_parallel_degree", "2", name="cp_pp2",
+    )
+    assert "context parallel 2 per segment" in pipelined.output
+    assert_same_training(pipelined, model_unpipelined, min_steps=model_run.steps)
+    _assert_same_expert_biases(pipelined, model_unpipelined)
+
+
 def test_model_pp2_matches_unpipelined(model_run, model_unpipelined):
     """Seq1F1B, k = 4 balanced segments: the job's defaults."""
     _assert_pp2_matches(model_run, model_unpipelined)

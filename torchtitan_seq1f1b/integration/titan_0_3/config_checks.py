@@ -23,7 +23,13 @@ from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
-from torchtitan_seq1f1b.integration.segment_plan import planner_problems, Seq1F1BConfigError, uses_planner
+from torchtitan_seq1f1b.integration.context_parallel import context_parallel_problems
+from torchtitan_seq1f1b.integration.segment_plan import (
+    planner_problems,
+    sequence_shards,
+    Seq1F1BConfigError,
+    uses_planner,
+)
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.job_data import data_problems
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
@@ -61,15 +67,20 @@ def check_config(config: Trainer.Config) -> None:
     """Raise :class:`Seq1F1BConfigError` listing every reason Seq1F1B cannot run ``config``.
 
     ``config.seq1f1b`` is a :class:`Seq1F1BSection`. A job that does not
-    pipeline under Seq1F1B is only refused context parallelism: on CPU its
-    attention becomes the segment-aware one too, which runs whole sequences.
+    pipeline under Seq1F1B is refused context parallelism on CPU only, where
+    its attention becomes the segment-aware one too, which cuts no CP shares.
     """
     problems = data_problems(config)
     parallelism = config.parallelism
-    if parallelism.context_parallel_degree > 1:
+    if (
+        parallelism.context_parallel_degree > 1
+        and utils.device_type == "cpu"
+        and not runs_seq1f1b(config)
+    ):
         problems.append(
-            f"parallelism.context_parallel_degree={parallelism.context_parallel_degree}: "
-            "Seq1F1B (and its CPU attention) runs whole sequences per rank; set it to 1"
+            f"parallelism.context_parallel_degree={parallelism.context_parallel_degree} "
+            "without a Seq1F1B schedule: on CPU only Seq1F1B's schedules run CP; set "
+            "--parallelism.pipeline_parallel_degree 2 (or more), or set it to 1"
         )
     if runs_seq1f1b(config):
         problems += _seq1f1b_problems(config)
@@ -134,12 +145,28 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
             "seq1f1b.schedule='Seq1F1B'"
         )
     problems += planner_problems(options)
+    problems += context_parallel_problems(parallelism)
+    if parallelism.context_parallel_degree > 1 and parallelism.spmd_backend != "spmd_types":
+        problems.append(
+            f"parallelism.spmd_backend={parallelism.spmd_backend!r} with "
+            f"context_parallel_degree={parallelism.context_parallel_degree}: that backend "
+            "applies torchtitan's own CP to the attention, over the whole sequence; "
+            "Seq1F1B runs CP per segment under --parallelism.spmd_backend spmd_types"
+        )
+    validator = getattr(config, "validator", None)
+    if parallelism.context_parallel_degree > 1 and validator is not None and validator.enable:
+        problems.append(
+            f"validator.enable with context_parallel_degree={parallelism.context_parallel_degree}: "
+            "torchtitan's validator shards whole sequences for its own CP, not per segment; "
+            "drop --validator.enable, or validate in a job without CP"
+        )
     # A planned plan is chosen on the device, in the pipelining function.
     fixed_k = isinstance(options.num_segments, int) and options.num_segments >= 1
     if fixed_k and not uses_planner(options) and spec is not None:
         try:
             plan = segment_plan_for(
-                options, config.training.seq_len, parallelism.tensor_parallel_degree, spec.model
+                options, config.training.seq_len, parallelism.tensor_parallel_degree,
+                spec.model, cp=parallelism.context_parallel_degree,
             )
         except Seq1F1BConfigError as error:
             problems.append(str(error))
@@ -151,20 +178,23 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
 
 
 def _planned_chunked_loss_problems(config: Trainer.Config) -> list[str]:
-    """The planner's lengths are multiples of lcm(align, tp), and of nothing else."""
-    loss, options = config.loss, config.seq1f1b
+    """The planner's lengths are multiples of lcm(align, sequence shards), and of
+    nothing else."""
+    loss, options, parallelism = config.loss, config.seq1f1b, config.parallelism
     if not isinstance(loss, ChunkedLossWrapper.Config):
         return []
-    tp = config.parallelism.tensor_parallel_degree
+    shards = sequence_shards(
+        parallelism.tensor_parallel_degree, parallelism.context_parallel_degree
+    )
     chosen = options.segment_align(1, config.training.seq_len, torch.cuda.is_available())
-    align = math.lcm(chosen, tp)
+    align = math.lcm(chosen, shards)
     if align % loss.num_chunks == 0:
         return []
     return [
         f"loss.num_chunks={loss.num_chunks} must divide every segment length (the chunked "
         f"loss cuts each segment's output), but seq1f1b.num_segments={options.num_segments!r} / "
         f"partition={options.partition!r} let the planner choose lengths that are only "
-        f"multiples of {align} (seq1f1b.align={chosen} x tp); raise seq1f1b.align to a "
+        f"multiples of {align} (seq1f1b.align={chosen} x tp x 2 * cp); raise seq1f1b.align to a "
         f"multiple of {loss.num_chunks}, or lower loss.num_chunks"
     ]
 

@@ -10,7 +10,8 @@ for "Interleaved1F1B", 2 per rank in a V for "ZBVZeroBubble"), apply
 ``parallelize_fn`` (TP, AC, FSDP) to every part -- except that the attention
 ops become segment-aware before parallelizing and the stages run under the
 Seq1F1B schedule ``seq1f1b.schedule`` names, with a segment plan derived from
-``training.seq_len``, the ``seq1f1b`` options and the model's dims. With
+``training.seq_len``, the ``seq1f1b`` options and the model's dims. Under
+context parallelism the schedule cuts each segment over the CP mesh. With
 ``seq1f1b.schedule = "none"`` it is ``pipeline_llm``.
 
 Loss normalisation is torchtitan 0.3's: the trainer passes
@@ -37,6 +38,7 @@ from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ParallelizeFunction
 from torchtitan.tools.logging import logger
 
+from torchtitan_seq1f1b.integration.context_parallel import context_group
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.segment_plan import PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
@@ -112,7 +114,7 @@ def pipeline_llm_seq1f1b(
         compute_dtype(training, parallel_dims),
     )
     plan = segment_plan_for(
-        options, training.seq_len, parallel_dims.tp, model_config, planner_job
+        options, training.seq_len, parallel_dims.tp, model_config, planner_job, parallel_dims.cp
     )
     make_segment_aware(model, options.attention_backend)
     stages, model_parts = _pipeline_module_split(
@@ -135,12 +137,14 @@ def pipeline_llm_seq1f1b(
         scale_grads=False,
         positions_kwarg="positions",
         document_ids_kwarg=MASKS_KWARG,
+        context_parallel=context_group(parallel_dims),
     )
     logger.info(
         f"Using pipeline schedule {options.schedule} on the stage layout of "
         f"{parallelism.pipeline_parallel_schedule} with {n_microbatches} microbatches "
         f"x {plan.num_segments} segments {list(plan.lengths)} over {len(module_names)} "
         f"stages on {parallel_dims.pp} ranks, attention_backend={options.attention_backend}"
+        + (f", context parallel {parallel_dims.cp} per segment" if parallel_dims.cp > 1 else "")
     )
     has_first = any(stage.is_first for stage in stages)
     has_last = any(stage.is_last for stage in stages)

@@ -82,10 +82,12 @@ def segment_plan_for(
     tp: int,
     model_config: BaseModel.Config,
     planner_job: PlannerJob | None = None,
+    cp: int = 1,
 ) -> SegmentPlan:
-    """The plan ``options`` ask for at ``training.seq_len``; raises
+    """The plan ``options`` ask for at ``training.seq_len``, with lengths that TP
+    degree ``tp`` and CP degree ``cp`` can shard; raises
     :class:`~torchtitan_seq1f1b.integration.segment_plan.Seq1F1BConfigError` naming them.
     ``planner_job`` is needed when the options leave the plan to the planner."""
     return plan_segments(
-        options, seq_len, tp, transformer_cost(model_config), planner_job, logger.info
+        options, seq_len, tp, transformer_cost(model_config), planner_job, logger.info, cp
     )

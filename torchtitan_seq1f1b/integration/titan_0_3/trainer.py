@@ -13,7 +13,8 @@ the attention of an unpipelined model, or of one under torch's schedules,
 becomes the segment-aware one too (torchtitan's flex and varlen attention
 cannot train on CPU), so such a run computes the same math as a Seq1F1B one.
 Op-level selective checkpointing saves the attention backends' forward ops
-(:mod:`.checkpointing`).
+(:mod:`.checkpointing`). Under context parallelism a Seq1F1B schedule gets
+whole sequences and cuts every segment over the CP ranks itself.
 With a :class:`~.metrics.Seq1F1BMetricsProcessor`, Seq1F1B jobs log the
 segment plan, the K/V store peak and the bubble estimate, and end with the
 run summary (on the recall corpus: the loss next to the lowest loss a model
@@ -29,6 +30,7 @@ from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from torchtitan_seq1f1b.integration.context_parallel import whole_sequences
 from torchtitan_seq1f1b.integration.metrics import Seq1F1BFigures
 from torchtitan_seq1f1b.integration.summary import JobFacts, run_summary
 from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
@@ -75,6 +77,17 @@ class Seq1F1BTrainer(Trainer):
             self.metrics_processor, Seq1F1BMetricsProcessor
         ):
             self.metrics_processor.figures = Seq1F1BFigures(schedule)
+
+    def post_dataloading_process(self, input_dict, labels):
+        """torchtitan's, except that under CP a Seq1F1B schedule gets whole sequences:
+        it cuts each segment over the CP ranks. Each rank counts its share of tokens."""
+        if not isinstance(getattr(self, "pp_schedule", None), ScheduleSeq1F1B):
+            return super().post_dataloading_process(input_dict, labels)
+        cp = self.parallel_dims.cp
+        with whole_sequences(self.parallel_dims):
+            processed = super().post_dataloading_process(input_dict, labels)
+        self.ntokens_seen -= labels.numel() - labels.numel() // cp
+        return processed
 
     def train_step(self, data_iterator) -> None:
         if self._first_step is None:
