@@ -231,7 +231,9 @@ def test_usage_error_prints_on_local_rank_0_only(monkeypatch):
 @pytest.mark.parametrize(
     "args,kwargs,message",
     [
-        ((), {"cp": 2}, "parallelism.context_parallel_degree=2"),
+        ((), {"cp": 2},
+         "parallelism.context_parallel_degree=2: Seq1F1B runs context parallelism on "
+         "torchtitan 0.3"),
         (("--model.flavor", "debugmodel_flex_attn"), {"cp": 2},
          "parallelism.context_parallel_degree=2"),
         (("--compile.enable", "--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble"),

@@ -206,8 +206,9 @@ def check_job(
         )
     if parallel_dims.cp > 1:
         problems.append(
-            f"parallelism.context_parallel_degree={parallel_dims.cp}: Seq1F1B already "
-            "splits the sequence across pipeline time; set it to 1"
+            f"parallelism.context_parallel_degree={parallel_dims.cp}: Seq1F1B runs context "
+            "parallelism on torchtitan 0.3 (--parallelism.context_parallel_degree); on "
+            "0.2.2 set it to 1"
         )
     problem = attention_problem(model_args)
     if problem:
