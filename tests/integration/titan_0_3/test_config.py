@@ -18,7 +18,10 @@ from torchtitan.tools import utils
 
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
-from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+from torchtitan_seq1f1b.integration.titan_0_3.config_registry import (
+    seq1f1b_debug,
+    seq1f1b_llama3_8b_128k,
+)
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_job
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
@@ -213,6 +216,16 @@ def test_context_parallel_plans_align_to_its_pieces(monkeypatch):
     assert "without a Seq1F1B schedule: on CPU only Seq1F1B's" in problems_of(config)
     monkeypatch.setattr(utils, "device_type", "cuda")  # torchtitan's own CP
     check_config(config)
+
+
+def test_the_128k_context_parallel_config_passes_its_checks(tmp_path):
+    config = seq1f1b_llama3_8b_128k()
+    config.hf_assets_path = str(tmp_path)  # where a GPU node keeps the tokenizer
+    check_config(config)
+    parallelism = config.parallelism
+    assert (parallelism.pipeline_parallel_degree, parallelism.context_parallel_degree) == (4, 2)
+    plan = segment_plan_for(config.seq1f1b, 131072, 1, config.model_spec.model, cp=2)
+    assert plan.num_segments == 8 and all(n % 128 == 0 for n in plan.lengths)
 
 
 def test_torch_schedules_with_checkpointing_are_refused_on_cpu(monkeypatch):

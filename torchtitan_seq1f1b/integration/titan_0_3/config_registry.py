@@ -19,15 +19,17 @@ from torchtitan.components.validate import Validator
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.models.llama3 import model_registry
+from torchtitan.models.llama3.config_registry import llama3_8b
 
 from torchtitan_seq1f1b.data import TOKENIZER_DIR
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
-from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_config
+from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_config, seq1f1b_job
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
-__all__ = ["seq1f1b_debug"]
+__all__ = ["seq1f1b_debug", "seq1f1b_llama3_8b_128k"]
 
 
 def seq1f1b_debug() -> Seq1F1BTrainer.Config:
@@ -89,6 +91,36 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
         ),
         debug=DebugConfig(seed=0),
     )
+
+
+def seq1f1b_llama3_8b_128k() -> Seq1F1BTrainer.Config:
+    """Llama 3 8B on 128k-token sequences: context parallel 2 x PP 4 under Seq1F1B.
+
+    For one node of 8 x H100 80GB with flash-attn (``pip install
+    'torchtitan-seq1f1b[flash]'``), on torchtitan's ``llama3_8b`` (C4, its
+    tokenizer under ./assets/hf/Llama-3.1-8B). Every stage holds 8 of the 32
+    layers; each CP rank holds 64k tokens of every sequence. 8 microbatches of
+    one sequence, k = 8 balanced segments (multiples of 128 tokens, which CP
+    cuts into 4 pieces), full activation checkpointing. Not run in CI (no GPU
+    there); its plan and start-up checks are tested.
+
+        torchrun --nproc_per_node 8 -m torchtitan.train \\
+            --module torchtitan_seq1f1b --config seq1f1b_llama3_8b_128k
+    """
+    config = seq1f1b_job(llama3_8b(), "llama3_8b")
+    config.dump_folder = "./outputs/seq1f1b_llama3_8b_128k"
+    config.training.seq_len = 131072
+    config.training.local_batch_size = 8
+    parallelism = config.parallelism
+    parallelism.pipeline_parallel_degree = 4
+    parallelism.context_parallel_degree = 2
+    parallelism.pipeline_parallel_microbatch_size = 1
+    config.activation_checkpoint = FullAC.Config()
+    config.seq1f1b = Seq1F1BSection(
+        schedule="Seq1F1B", num_segments=8, partition="balanced",
+        attention_backend="flash", align=128,
+    )
+    return config
 
 
 def __getattr__(name: str):
