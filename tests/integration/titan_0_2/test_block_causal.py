@@ -90,3 +90,17 @@ def test_tolerance_catches_a_dropped_document_mask(run, unpipelined):
     assert difference > 10 * TORCHTITAN_RTOL
     with pytest.raises(AssertionError):
         assert_same_training(seq1f1b, unpipelined)
+
+
+def test_block_causal_context_parallel_pp2_matches_unpipelined(run, unpipelined):
+    """CP = 2 x PP = 2 (4 ranks) under ZB-H1 with full checkpointing: document borders
+    fall inside segments and inside the ranks' head-tail pieces, the split backward
+    reduce-scatters dK/dV, and torchtitan's flex CP hooks never run."""
+    seq1f1b = run(
+        4, *BLOCK_CAUSAL_ARGS, "--parallelism.context_parallel_degree", "2",
+        "--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble",
+        "--seq1f1b.num_segments", "3", "--activation_checkpoint.mode", "full",
+        name="context_parallel",
+    )
+    assert "attn_mask_type=block_causal, context parallel 2 per segment" in seq1f1b.output
+    assert_same_training(seq1f1b, unpipelined)

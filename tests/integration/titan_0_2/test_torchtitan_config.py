@@ -231,11 +231,14 @@ def test_usage_error_prints_on_local_rank_0_only(monkeypatch):
 @pytest.mark.parametrize(
     "args,kwargs,message",
     [
-        ((), {"cp": 2},
-         "parallelism.context_parallel_degree=2: Seq1F1B runs context parallelism on "
-         "torchtitan 0.3"),
-        (("--model.flavor", "debugmodel_flex_attn"), {"cp": 2},
-         "parallelism.context_parallel_degree=2"),
+        (("--parallelism.context_parallel_degree", "2",
+          "--parallelism.context_parallel_load_balancer", "ptrr"), {"cp": 2},
+         "parallelism.context_parallel_load_balancer='ptrr' with context_parallel_degree=2: "
+         "Seq1F1B balances CP itself"),
+        (("--validation.enable",), {"cp": 2},
+         "validation.enable with context_parallel_degree=2"),
+        (("--seq1f1b.segment_lengths", "30", "34"), {"cp": 2},
+         "not a multiple of align=4; use multiples of 4, e.g. [32, 32]"),
         (("--compile.enable", "--parallelism.pipeline_parallel_schedule", "Seq1F1BZeroBubble"),
          {}, "compile.enable cannot run under Seq1F1BZeroBubble"),
         (("--compile.enable", "--compile.components", "loss",

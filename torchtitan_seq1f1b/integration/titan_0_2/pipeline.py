@@ -12,7 +12,8 @@ Interleaved1F1B: ``pipeline_parallel_layers_per_stage`` decides, 2 per rank by
 default; ZBVZeroBubble: 2 per rank in a V), torchtitan's ``parallelize_fn``
 (TP, AC, FSDP) is applied to each part, the attention ops become
 segment-aware, and the parts run with a plan derived from
-``training.seq_len``, ``[seq1f1b]`` and the model's dims.
+``training.seq_len``, ``[seq1f1b]`` and the model's dims. Under context
+parallelism the schedule cuts each segment over the CP mesh.
 """
 
 import math
@@ -39,6 +40,10 @@ from torchtitan_seq1f1b.integration.titan_0_2.attention import (
     uses_document_ids,
 )
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
+from torchtitan_seq1f1b.integration.context_parallel import (
+    context_group,
+    context_parallel_problems,
+)
 from torchtitan_seq1f1b.integration.segment_plan import (
     plan_segments,
     planner_problems,
@@ -105,10 +110,16 @@ def pipeline_llm_seq1f1b(
         device,
         module_names,
     )
-    for part in model_parts:
-        make_segment_aware(part, backend)
+    context = context_group(parallel_dims)
     for i, part in enumerate(model_parts):
-        model_parts[i] = stages[i].submod = parallelize_fn(part, parallel_dims, job_config)
+        if context is None:
+            make_segment_aware(part, backend)
+        part = parallelize_fn(part, parallel_dims, job_config)
+        if context is not None:
+            # torchtitan hooks its whole-sequence CP onto the attention it finds; the
+            # segment-aware attention replaces that one and cuts CP per segment.
+            make_segment_aware(part, backend)
+        model_parts[i] = stages[i].submod = part
 
     # Flex/varlen models hand their documents to every stage as attention_masks
     # (see make_segment_aware); the schedule takes them from there.
@@ -120,6 +131,7 @@ def pipeline_llm_seq1f1b(
         loss_fn=loss_fn,
         positions_kwarg="positions",
         document_ids_kwarg=MASKS_KWARG if documents else None,
+        context_parallel=context,
     )
     logger.info(
         f"Using pipeline schedule {name} with {n_microbatches} microbatches "
@@ -127,6 +139,7 @@ def pipeline_llm_seq1f1b(
         f"{len(module_names)} stages on {parallel_dims.pp} ranks, "
         f"attention_backend={backend}"
         + (f", attn_mask_type={model_args.attn_mask_type}" if documents else "")
+        + (f", context parallel {parallel_dims.cp} per segment" if context else "")
     )
     has_first = any(stage.is_first for stage in stages)
     has_last = any(stage.is_last for stage in stages)
@@ -148,6 +161,7 @@ def segment_plan_for(
         transformer_cost(model),
         planner_job,
         logger.info,
+        parallel_dims.cp,
     )
 
 
@@ -204,11 +218,12 @@ def check_job(
             "backwards run two (input, then weight gradients); use mode='full', or "
             "selective_ac_option as a layer count (e.g. '2'), or the Seq1F1B schedule"
         )
-    if parallel_dims.cp > 1:
+    problems += context_parallel_problems(parallelism)
+    if parallel_dims.cp > 1 and job_config.validation.enable:
         problems.append(
-            f"parallelism.context_parallel_degree={parallel_dims.cp}: Seq1F1B runs context "
-            "parallelism on torchtitan 0.3 (--parallelism.context_parallel_degree); on "
-            "0.2.2 set it to 1"
+            f"validation.enable with context_parallel_degree={parallel_dims.cp}: "
+            "torchtitan's validator shards whole sequences for its own CP, not per "
+            "segment; set validation.enable = false, or validate in a job without CP"
         )
     problem = attention_problem(model_args)
     if problem:

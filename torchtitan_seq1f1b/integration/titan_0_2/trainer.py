@@ -1,14 +1,15 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""Hooks into torchtitan's ``Trainer``: the loss normaliser and the console.
+"""Hooks into torchtitan's ``Trainer``: the loss normaliser, CP inputs and the console.
 
 The trainer counts the valid tokens of the whole step (all gradient
 accumulation microbatches, summed over data-parallel ranks) and divides the
 non-pipelined loss by that count, but hands pipeline schedules nothing: with
 PP, torchtitan 0.2.2 back-propagates un-normalised token sums. Seq1F1B takes
 the same count as its ``loss_normalizer``, so its gradients equal the
-non-pipelined run's.
+non-pipelined run's. Under context parallelism a Seq1F1B schedule gets whole
+sequences from ``post_dataloading_process`` and cuts them per segment.
 
 For Seq1F1B jobs the rank that holds the loss prints it (see
 :class:`Seq1F1BMetricsProcessor`), so torchtitan's advice to add that rank to
@@ -23,6 +24,7 @@ from types import ModuleType
 
 from torchtitan.tools.logging import logger
 
+from torchtitan_seq1f1b.integration.context_parallel import whole_sequences
 from torchtitan_seq1f1b.integration.titan_0_2.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_2.summary import run_summary
@@ -63,6 +65,18 @@ def _hook_forward_backward_step(forward_backward_step):
     return hooked
 
 
+def _hook_post_dataloading_process(post_dataloading_process):
+    @functools.wraps(post_dataloading_process)
+    def hooked(self, *args, **kwargs):
+        if not isinstance(getattr(self, "pp_schedule", None), ScheduleSeq1F1B):
+            return post_dataloading_process(self, *args, **kwargs)
+        # Under CP the schedule cuts every segment over the CP ranks itself.
+        with whole_sequences(self.parallel_dims):
+            return post_dataloading_process(self, *args, **kwargs)
+
+    return hooked
+
+
 def _hook_train(train):
     @functools.wraps(train)
     def hooked(self):
@@ -99,6 +113,7 @@ def install_trainer_hook() -> None:
         return
     for owner, name, hook in (
         (module.Trainer, "forward_backward_step", _hook_forward_backward_step),
+        (module.Trainer, "post_dataloading_process", _hook_post_dataloading_process),
         (module.Trainer, "train", _hook_train),
         (module, "ensure_pp_loss_visible", _hook_loss_visibility_warning),
     ):
