@@ -15,43 +15,16 @@ crossing both.
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
-from torchtitan_seq1f1b.check.exactness import build_schedule, Case, holds_last_stage, reference
-from torchtitan_seq1f1b.context_parallel import ContextGroup, HeadTail
+from torchtitan_seq1f1b.check.exactness import Case, context_parallel_pipelined, reference
 from torchtitan_seq1f1b.local_ranks import run_ranks
 
 CP, PP = 2, 2
 RTOL, ATOL = 1e-10, 1e-14
 
 
-def _groups(rank: int):
-    """(pp group, pp rank, cp group, cp rank) of ``rank``; every rank creates every group."""
-    pp_groups = [dist.new_group([pp * CP + cp for pp in range(PP)]) for cp in range(CP)]
-    cp_groups = [dist.new_group([pp * CP + cp for cp in range(CP)]) for pp in range(PP)]
-    pp_rank, cp_rank = divmod(rank, CP)
-    return pp_groups[cp_rank], pp_rank, cp_groups[pp_rank], cp_rank
-
-
-def _cp_pipelined(rank, world_size, case: Case):
-    pp_group, pp_rank, cp_group, cp_rank = _groups(rank)
-    context = ContextGroup(HeadTail(CP, cp_rank), cp_group)
-    schedule, parts, indices = build_schedule(pp_rank, PP, case, None, pp_group, context)
-    has_last = holds_last_stage(case, PP, indices)
-    tokens, target = case.batch(torch.device("cpu"))
-    losses: list = []
-    with backward_on_fresh_thread(case.device_thread):
-        schedule.step(
-            *((tokens,) if pp_rank == 0 else ()), target=target if has_last else None,
-            losses=losses, document_ids=case.document_ids(torch.device("cpu")),
-        )
-    grads = {n: p.grad for part in parts for n, p in part.named_parameters()}
-    for grad in grads.values():
-        dist.all_reduce(grad, group=cp_group)
-    losses = torch.stack(losses) if has_last else torch.zeros(case.n_microbatches, dtype=case.dtype)
-    dist.all_reduce(losses, group=cp_group)
-    return {"grads": grads, "losses": losses, "last": has_last, "cp_rank": cp_rank}
+def _cp_pipelined(rank, world_size, case: Case) -> dict:
+    return context_parallel_pipelined(rank, world_size, case, CP)
 
 
 # Per row, document lengths with borders inside segments and head-tail pieces.
