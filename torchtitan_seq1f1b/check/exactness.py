@@ -332,3 +332,9 @@ def context_parallel_pipelined(rank: int, world_size: int, case: Case, cp_degree
         "last": has_last,
         "cp_rank": cp_rank,
     }
+
+
+def context_parallel_cases(
+    rank: int, world_size: int, cases: list[Case], cp_degree: int
+) -> list[dict]:
+    return [context_parallel_pipelined(rank, world_size, case, cp_degree) for case in cases]
