@@ -154,10 +154,11 @@ def test_kernel_op_check_runs_the_math_kernel_and_fails_with_a_wrong_logsumexp(
 
 
 def test_pipelined_check_on_gloo(monkeypatch):
-    """Two float64 cases on 2 gloo ranks; the second compares against a
-    reference nudged by 1e-6, which the check must catch."""
+    """Two float64 cases on 2 gloo ranks, two under CP = 2 x PP = 2 on 4; the second
+    of each compares against a reference nudged by 1e-6, which the check must catch."""
     monkeypatch.setattr(distributed, "STAGES_PER_RANK", {"Seq1F1B": 1})
     monkeypatch.setattr(distributed, "ACTIVATION_CHECKPOINT_MODES", ("selective_layer", "full"))
+    monkeypatch.setattr(distributed, "CP_CHECKPOINT_MODES", ("none", "full"))
     exact = distributed.reference
 
     def reference(case):
@@ -167,10 +168,13 @@ def test_pipelined_check_on_gloo(monkeypatch):
         return ref
 
     monkeypatch.setattr(distributed, "reference", reference)
-    passed, nudged = distributed.pipelined_results(torch.device("cpu"))
+    passed, nudged, cp_passed, cp_nudged = distributed.pipelined_results(torch.device("cpu"))
     assert passed.name == "pipelined Seq1F1B ac=selective_layer (2 ranks, gloo)"
-    assert passed.status == "pass" and passed.measured["error"] < 1e-12, passed
-    assert nudged.status == "fail" and 1e-7 < nudged.measured["error"] < 1e-5, nudged
+    assert cp_passed.name == "pipelined CP=2 x PP=2 Seq1F1B ac=none (4 ranks, gloo)"
+    for row in (passed, cp_passed):
+        assert row.status == "pass" and row.measured["error"] < 1e-12, row
+    for row in (nudged, cp_nudged):
+        assert row.status == "fail" and 1e-7 < row.measured["error"] < 1e-5, row
 
 
 def _report_after_hook(marker: str | None, cuda: bool, monkeypatch, reason="needs flash_attn"):

@@ -16,7 +16,11 @@ import torch
 
 from torchtitan_seq1f1b.check import Result, Task
 from torchtitan_seq1f1b.check.__main__ import main
-from torchtitan_seq1f1b.check.distributed import pipelined_names, TORCHTITAN_ROW
+from torchtitan_seq1f1b.check.distributed import (
+    context_parallel_names,
+    pipelined_names,
+    TORCHTITAN_ROW,
+)
 from torchtitan_seq1f1b.check.report import Budget, Section, TIME_BUDGET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,8 +46,11 @@ def _gpu_report(folder: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
     return result, json.loads((folder / "report.json").read_text())
 
 
-def _multi_gpu_rows() -> set[str]:
-    return {*pipelined_names(torch.device("cpu")), TORCHTITAN_ROW}
+def _multi_gpu_rows() -> dict[str, str]:
+    """{row name: why it skips on CPU}."""
+    cpu = torch.device("cpu")
+    rows = {name: "needs 2 GPUs" for name in (*pipelined_names(cpu), TORCHTITAN_ROW)}
+    return rows | {name: "needs 4 GPUs" for name in context_parallel_names(cpu)}
 
 
 def test_the_report_runs_every_section_and_skips_the_multi_gpu_checks(tmp_path):
@@ -62,8 +69,8 @@ def test_the_report_runs_every_section_and_skips_the_multi_gpu_checks(tmp_path):
     # the multi-GPU checks are rows of the check section, skipped with their reason
     check_rows = {row["name"]: row for row in report["sections"][2]["rows"]}
     skipped = {row["name"]: row["reason"] for row in report["skipped"]}
-    for name in _multi_gpu_rows():
-        assert check_rows[name]["status"] == "skip" and "needs 2 GPUs" in skipped[name], name
+    for name, needs in _multi_gpu_rows().items():
+        assert check_rows[name]["status"] == "skip" and needs in skipped[name], name
     for row in perf:
         assert row["status"] == "pass" and len(row["measured"]["forward"]) == row["measured"]["k"]
     (compiled,) = report["sections"][3]["rows"]
@@ -84,7 +91,7 @@ def test_a_spent_budget_skips_every_section_and_still_writes_the_report(tmp_path
         for row in section["rows"]:
             assert row["status"] == "skip"
             if row["name"] in multi_gpu:
-                assert "needs 2 GPUs" in row["reason"], row
+                assert multi_gpu[row["name"]] in row["reason"], row
             else:
                 assert row["reason"] == TIME_BUDGET, row
     assert f"not run for the time budget: {', '.join(SECTIONS)}" in result.stdout

@@ -8,8 +8,10 @@ order and backward last to first, as a Seq1F1B stage does, every backward on a
 fresh thread, with and without checkpointing. Each rank's outputs and q/k/v
 gradients must equal its share of the unsplit run's, and every rank issues one
 all-gather and one reduce-scatter per segment, recomputed or not. Negative
-controls: without the reduce-scatter's sum, or with each piece's causal mask
-aligned top-left, the gradients or outputs differ.
+controls: without the reduce-scatter's sum, with each piece's causal mask
+aligned top-left, or with head-tail pieces of the whole sequence instead of
+each segment (inputs and expected values cut alike), the gradients or outputs
+differ.
 """
 
 import contextlib
@@ -29,6 +31,7 @@ from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.segmenting import SegmentPlan
+from torchtitan_seq1f1b.stepping.segment_inputs import SegmentSplitter
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 
@@ -47,6 +50,14 @@ def _unsplit(q, k, v, grad_out, ids, window_left):
     return out.detach(), [x.grad for x in leaves]
 
 
+def _whole_sequence_split(self, tensor):
+    """Head-tail over the whole sequence (as torchtitan's load balancer cuts it), that
+    share then cut into segments of len_j / c: a rank's segment j holds other tokens than
+    its head-tail pieces of segment j, which attention takes it to hold."""
+    share = self.context.share(tensor, self.seq_dim)
+    return share.split([n // self.context.degree for n in self.plan.lengths], self.seq_dim)
+
+
 def _top_left_pieces(running, keys, window_left):
     """Each piece's queries aligned top-left against its keys: query i sees keys 0..i."""
     return [
@@ -63,6 +74,7 @@ BROKEN = {
     "top_left_causal": mock.patch(
         "torchtitan_seq1f1b.attention.segment_op._pieces", _top_left_pieces
     ),
+    "whole_sequence_head_tail": mock.patch.object(SegmentSplitter, "_split", _whole_sequence_split),
 }
 
 
@@ -94,9 +106,11 @@ def _segmented_share(
     attention, store = SegmentAwareAttention("sdpa", window_left=window_left), KVStore()
     bind_attention(attention, store)
 
+    splitter = SegmentSplitter(plan, seq_dim=1, context=context.layout)
+
     def share(x, segment):
-        piece = x[:, plan.offsets[segment] : plan.ends[segment]]
-        return context.layout.share(piece, 1)
+        """This rank's share of ``segment`` of x, as the schedules cut their inputs."""
+        return splitter.split_args((x,))[segment][0]
 
     calls = []
     for name in ("gather", "reduce_scatter"):

@@ -12,7 +12,8 @@ Checks, each a function of the device returning result rows:
   (backward on autograd's device thread) under every activation
   checkpointing mode, against unsplit training; peak memory per segment.
 - ``pipelined``: float64 exactness of every schedule on 2 ranks (NCCL on
-  GPUs, gloo on CPU) against unsplit training.
+  GPUs, gloo on CPU) against unsplit training, and with context parallelism
+  inside the pipeline (CP = 2 x PP = 2) on 4 ranks.
 - ``torchtitan``: a short torchtitan job, Seq1F1B PP=2 against a
   non-pipelined run from one seed checkpoint.
 

@@ -43,7 +43,8 @@ CHECKS = {
     "pipelined": (
         pipelined_results,
         "the four schedules x checkpointing modes on 2 GPUs over NCCL, float64, "
-        "against unsplit training; Seq1F1B and InterleavedSeq1F1B also with compiled blocks",
+        "against unsplit training; Seq1F1B and InterleavedSeq1F1B also with compiled blocks; "
+        "the four schedules with and without checkpointing under CP = 2 x PP = 2 on 4 GPUs",
     ),
     "torchtitan": (
         torchtitan_results,

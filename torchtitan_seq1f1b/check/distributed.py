@@ -3,8 +3,9 @@
 
 """Checks across processes: pipelined exactness and a short torchtitan job.
 
-On CUDA they need 2 GPUs and talk NCCL; ``--device cpu`` runs them on 2 gloo
-processes (what the test suite does at length).
+On CUDA they need 2 GPUs (4 for context parallelism inside the pipeline) and
+talk NCCL; ``--device cpu`` runs them on gloo processes (what the test suite
+does at length).
 """
 
 import math
@@ -16,7 +17,12 @@ import torch
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.check import relative_error, Result, Task, worst
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
-from torchtitan_seq1f1b.check.exactness import Case, pipelined_cases, reference
+from torchtitan_seq1f1b.check.exactness import (
+    Case,
+    context_parallel_cases,
+    pipelined_cases,
+    reference,
+)
 from torchtitan_seq1f1b.integration.schedules import SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.check.titan_runs import (
     DEBUG_CONFIG,
@@ -28,6 +34,8 @@ from torchtitan_seq1f1b.check.titan_runs import (
 
 __all__ = [
     "TORCHTITAN_ROW",
+    "context_parallel_names",
+    "context_parallel_results",
     "missing_gpus",
     "missing_torchtitan",
     "multi_gpu_tasks",
@@ -43,12 +51,17 @@ COMPILED_SCHEDULES = ("Seq1F1B", "InterleavedSeq1F1B")
 FLOAT64_BOUND = 1e-10  # the schedules reorder float64 sums; nothing else differs
 TORCHTITAN_BOUND = 1e-4  # float32 losses and step-1 grad_norm, as in the tests
 TORCHTITAN_ROW = f"torchtitan Seq1F1B PP={WORLD_SIZE} vs 1 process"
+# Context parallelism inside each of the WORLD_SIZE pipeline ranks: CP x PP ranks.
+CP_DEGREE = 2
+CP_WORLD_SIZE = CP_DEGREE * WORLD_SIZE
+CP_CHECKPOINT_MODES = ("none", "full")
 
 
-def missing_gpus(device: torch.device) -> str:
-    """Why the checks cannot run on ``device`` for want of GPUs; "" if they can."""
-    if device.type == "cuda" and torch.cuda.device_count() < WORLD_SIZE:
-        return f"needs {WORLD_SIZE} GPUs (found {torch.cuda.device_count()})"
+def missing_gpus(device: torch.device, ranks: int = WORLD_SIZE) -> str:
+    """Why checks on ``ranks`` ranks cannot run on ``device`` for want of GPUs; "" if
+    they can."""
+    if device.type == "cuda" and torch.cuda.device_count() < ranks:
+        return f"needs {ranks} GPUs (found {torch.cuda.device_count()})"
     return ""
 
 
@@ -91,6 +104,25 @@ def _cases(device: torch.device) -> list[Case]:
     ]
 
 
+def _context_parallel_cases(device: torch.device) -> list[Case]:
+    """Every schedule with and without checkpointing, on segment lengths CP can cut
+    (multiples of ``2 * CP_DEGREE``)."""
+    return [
+        Case(
+            n_microbatches=3,
+            lengths=(8, 4, 12),
+            n_kv_heads=2,
+            activation_checkpoint=mode,
+            schedule=schedule,
+            stages_per_rank=STAGES_PER_RANK[schedule],
+            device=device.type,
+            device_thread=device.type == "cpu",
+        )
+        for schedule in STAGES_PER_RANK
+        for mode in CP_CHECKPOINT_MODES
+    ]
+
+
 def _compare(case: Case, ranks: list[dict]) -> float:
     """Largest relative error of gradients, summed losses and eval logits."""
     ref = reference(case)
@@ -102,6 +134,22 @@ def _compare(case: Case, ranks: list[dict]) -> float:
     return worst([
         relative_error(sum(losses), ref["loss_sum"]),
         relative_error(logits, ref["logits"]),
+        *(relative_error(grads[name], ref["grads"][name]) for name in grads),
+    ])
+
+
+def _compare_context_parallel(case: Case, ranks: list[dict]) -> float:
+    """Largest relative error of gradients and per-microbatch loss sums; every rank
+    holds its CP group's sums, so each stage's gradients come from its CP rank 0."""
+    ref = reference(case)
+    grads = {
+        name: grad for rank in ranks if rank["cp_rank"] == 0 for name, grad in rank["grads"].items()
+    }
+    if grads.keys() != ref["grads"].keys():
+        return math.inf
+    losses = next(rank["losses"] for rank in ranks if rank["last"])
+    return worst([
+        relative_error(losses, torch.stack(ref["loss_sums"])),
         *(relative_error(grads[name], ref["grads"][name]) for name in grads),
     ])
 
@@ -118,26 +166,67 @@ def _row_name(case: Case, backend: str) -> str:
     )
 
 
-def pipelined_names(device: torch.device) -> list[str]:
-    """The rows :func:`pipelined_results` reports on ``device``, one per case."""
+def _context_parallel_row_name(case: Case, backend: str) -> str:
+    return (
+        f"pipelined CP={CP_DEGREE} x PP={WORLD_SIZE} {case.schedule} "
+        f"ac={case.activation_checkpoint} ({CP_WORLD_SIZE} ranks, {backend})"
+    )
+
+
+def context_parallel_names(device: torch.device) -> list[str]:
+    """The rows :func:`context_parallel_results` reports on ``device``, one per case."""
+    backend = _backend(device)
+    return [_context_parallel_row_name(case, backend) for case in _context_parallel_cases(device)]
+
+
+def _pipeline_parallel_names(device: torch.device) -> list[str]:
     return [_row_name(case, _backend(device)) for case in _cases(device)]
 
 
-def pipelined_results(device: torch.device) -> list[Result]:
-    """Every schedule x checkpointing mode, float64, against unsplit training."""
-    cases, backend = _cases(device), _backend(device)
-    names = [_row_name(case, backend) for case in cases]
-    if missing := missing_gpus(device):
+def pipelined_names(device: torch.device) -> list[str]:
+    """The rows :func:`pipelined_results` reports on ``device``, one per case."""
+    return _pipeline_parallel_names(device) + context_parallel_names(device)
+
+
+def _bounded_rows(
+    device: torch.device, names: list[str], ranks: int, worker, cases: list[Case], compare, *args
+) -> list[Result]:
+    """Each case's row from one launch of ``worker(rank, ranks, cases, *args)``: its
+    ``compare`` error against :data:`FLOAT64_BOUND`; skipped without ``ranks`` GPUs;
+    failed, every row, if a rank crashes."""
+    if missing := missing_gpus(device, ranks):
         return [Result(name, "skip", reason=missing) for name in names]
     try:
-        per_rank = run_ranks(pipelined_cases, WORLD_SIZE, cases, timeout=900, backend=backend)
+        per_rank = run_ranks(worker, ranks, cases, *args, timeout=900, backend=_backend(device))
     except Exception as crash:  # noqa: BLE001 - every case failed with it
         reason = f"{type(crash).__name__}: {str(crash)[-500:]}"
         return [Result(name, "fail", reason=reason) for name in names]
     return [
-        Result.bounded(name, _compare(case, [rank[i] for rank in per_rank]), FLOAT64_BOUND)
+        Result.bounded(name, compare(case, [rank[i] for rank in per_rank]), FLOAT64_BOUND)
         for i, (name, case) in enumerate(zip(names, cases))
     ]
+
+
+def context_parallel_results(device: torch.device) -> list[Result]:
+    """Every schedule with and without checkpointing under CP = 2 inside PP = 2 (4
+    ranks), float64, against unsplit training."""
+    cases = _context_parallel_cases(device)
+    names = context_parallel_names(device)
+    return _bounded_rows(
+        device, names, CP_WORLD_SIZE, context_parallel_cases, cases,
+        _compare_context_parallel, CP_DEGREE,
+    )
+
+
+def _pipeline_parallel_results(device: torch.device) -> list[Result]:
+    """Every schedule x checkpointing mode on 2 ranks, float64, against unsplit training."""
+    names = _pipeline_parallel_names(device)
+    return _bounded_rows(device, names, WORLD_SIZE, pipelined_cases, _cases(device), _compare)
+
+
+def pipelined_results(device: torch.device) -> list[Result]:
+    """:func:`_pipeline_parallel_results`, then :func:`context_parallel_results`."""
+    return _pipeline_parallel_results(device) + context_parallel_results(device)
 
 
 def torchtitan_results(device: torch.device) -> list[Result]:
@@ -188,17 +277,28 @@ def torchtitan_results(device: torch.device) -> list[Result]:
 
 def multi_gpu_tasks(device: torch.device) -> list[Task]:
     """:func:`pipelined_results` and :func:`torchtitan_results` as tasks that run on
-    2 GPUs only (their CPU runs on gloo are the test suite's)."""
-    gpus = (
-        missing_gpus(device)
-        if device.type == "cuda"
-        else f"needs {WORLD_SIZE} GPUs (on CPU: --checks pipelined,torchtitan runs it on gloo)"
-    )
+    GPUs only, 2 (4 for :func:`context_parallel_results`); their CPU runs on gloo are
+    the test suite's."""
+
+    def gpus(ranks: int) -> str:
+        if device.type == "cuda":
+            return missing_gpus(device, ranks)
+        return f"needs {ranks} GPUs (on CPU: --checks pipelined,torchtitan runs it on gloo)"
+
     return [
-        Task(tuple(pipelined_names(device)), lambda: pipelined_results(device), unmet=gpus),
+        Task(
+            tuple(_pipeline_parallel_names(device)),
+            lambda: _pipeline_parallel_results(device),
+            unmet=gpus(WORLD_SIZE),
+        ),
+        Task(
+            tuple(context_parallel_names(device)),
+            lambda: context_parallel_results(device),
+            unmet=gpus(CP_WORLD_SIZE),
+        ),
         Task(
             (TORCHTITAN_ROW,),
             lambda: torchtitan_results(device),
-            unmet="; ".join(filter(None, (gpus, missing_torchtitan()))),
+            unmet="; ".join(filter(None, (gpus(WORLD_SIZE), missing_torchtitan()))),
         ),
     ]

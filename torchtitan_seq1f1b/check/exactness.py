@@ -5,14 +5,16 @@
 
 The exactness tests and ``python -m torchtitan_seq1f1b.check`` run a
 :class:`Case` through a Seq1F1B schedule on several ranks (:func:`pipelined`,
-under ``run_ranks``) and compare every gradient, loss and eval logit with
-:func:`reference`, the same model trained unsplit in one process. Results
-come back on the CPU whatever the device.
+under ``run_ranks``; :func:`context_parallel_pipelined` with context
+parallelism inside each pipeline rank) and compare every gradient, loss and
+eval logit with :func:`reference`, the same model trained unsplit in one
+process. Results come back on the CPU whatever the device.
 """
 
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage
@@ -28,6 +30,7 @@ from torchtitan_seq1f1b import (
 from torchtitan_seq1f1b._torch_compat.introspection import recorded_p2p_receives
 from torchtitan_seq1f1b.attention import AttentionBackend
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
+from torchtitan_seq1f1b.context_parallel import ContextGroup, HeadTail
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     TinyTransformer,
     TinyTransformerArgs,
@@ -184,6 +187,7 @@ def build_schedule(
     attention_backend: AttentionBackend | None = None,
     pp_group=None,
     context_parallel=None,
+    device: torch.device | None = None,
 ) -> tuple[ScheduleSeq1F1B, list[TinyTransformer], list[int]]:
     """``case.schedule`` over this rank's stages: (schedule, model parts, stage indices).
 
@@ -191,9 +195,10 @@ def build_schedule(
     ``rank`` and ``2 * world_size - 1 - rank`` for the V of Seq1F1BZBV. Every
     attention layer runs ``attention_backend`` if given (the exact one otherwise).
     With ``pp_group`` (the default group if None), ``rank`` and ``world_size`` are
-    the rank's place in it; ``context_parallel`` is the schedule's CP group.
+    the rank's place in it; ``context_parallel`` is the schedule's CP group; ``device``
+    the rank's (``case.rank_device(rank)`` if None).
     """
-    device = case.rank_device(rank)
+    device = device or case.rank_device(rank)
     model = case.model(device)
     num_stages = world_size * case.stages_per_rank
     if case.schedule == "Seq1F1BZBV":
@@ -272,3 +277,64 @@ def pipelined(
 
 def pipelined_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]:
     return [pipelined(rank, world_size, case) for case in cases]
+
+
+def context_parallel_groups(rank: int, world_size: int, cp_degree: int):
+    """(pp group, pp rank, cp group, cp rank) of ``rank``, PP outermost as torchtitan's
+    mesh lays ranks out: rank ``pp_rank * cp_degree + cp_rank``. Every rank creates
+    every group (torch requires it)."""
+    pp_degree = world_size // cp_degree
+    pp_groups = [
+        dist.new_group([pp * cp_degree + cp for pp in range(pp_degree)]) for cp in range(cp_degree)
+    ]
+    cp_groups = [
+        dist.new_group([pp * cp_degree + cp for cp in range(cp_degree)]) for pp in range(pp_degree)
+    ]
+    pp_rank, cp_rank = divmod(rank, cp_degree)
+    return pp_groups[cp_rank], pp_rank, cp_groups[pp_rank], cp_rank
+
+
+def context_parallel_pipelined(rank: int, world_size: int, case: Case, cp_degree: int) -> dict:
+    """One training step of ``case.schedule`` with context parallelism of ``cp_degree``
+    inside each of ``world_size / cp_degree`` pipeline ranks
+    (:func:`context_parallel_groups`); on CUDA rank r runs on GPU r.
+
+    Returns the rank's parameter gradients and its per-microbatch loss sums
+    (n_microbatches,), zeros off the last stage, each summed over its CP group (then
+    those of the unsplit batch); whether it holds the last stage; its CP rank.
+    """
+    pp_group, pp_rank, cp_group, cp_rank = context_parallel_groups(rank, world_size, cp_degree)
+    device = case.rank_device(rank)
+    context = ContextGroup(HeadTail(cp_degree, cp_rank), cp_group)
+    pp_degree = world_size // cp_degree
+    schedule, parts, indices = build_schedule(
+        pp_rank, pp_degree, case, None, pp_group, context, device
+    )
+    has_last = holds_last_stage(case, pp_degree, indices)
+    tokens, target = case.batch(device)
+    losses: list = []
+    with backward_on_fresh_thread(case.device_thread):
+        schedule.step(
+            *((tokens,) if pp_rank == 0 else ()), target=target if has_last else None,
+            losses=losses, document_ids=case.document_ids(device),
+        )
+    grads = {n: p.grad for part in parts for n, p in part.named_parameters()}
+    for grad in grads.values():
+        dist.all_reduce(grad, group=cp_group)
+    if has_last:
+        loss_sums = torch.stack(losses)
+    else:
+        loss_sums = torch.zeros(case.n_microbatches, dtype=case.dtype, device=device)
+    dist.all_reduce(loss_sums, group=cp_group)
+    return {
+        "grads": {n: _host(grad) for n, grad in grads.items()},
+        "losses": _host(loss_sums),
+        "last": has_last,
+        "cp_rank": cp_rank,
+    }
+
+
+def context_parallel_cases(
+    rank: int, world_size: int, cases: list[Case], cp_degree: int
+) -> list[dict]:
+    return [context_parallel_pipelined(rank, world_size, case, cp_degree) for case in cases]
