@@ -22,6 +22,7 @@ from benchmarks.cpu_bench.config import BenchConfig, BenchRow
 from benchmarks.cpu_bench.predict import add_comparisons
 from benchmarks.cpu_bench.probes import ActivationMemoryProbe
 from benchmarks.cpu_bench.records import RankRun, row_record, StepTiming
+from benchmarks.cpu_bench.traffic import TrafficCounter
 
 __all__ = ["run_bench"]
 
@@ -81,11 +82,15 @@ class _RankRow:
             end = time.perf_counter()
         return StepTiming(start, finish, end, waits.seconds, recorder.spans)
 
-    def measure_memory(self) -> ActivationMemoryProbe:
+    def measure(self) -> tuple[ActivationMemoryProbe, TrafficCounter]:
+        """Activation memory and bytes communicated over one step."""
         # Its own step: saved-tensor hooks cost time the timed steps should not pay.
-        with ActivationMemoryProbe(self.parts, self.kv_stores) as probe:
+        with (
+            ActivationMemoryProbe(self.parts, self.kv_stores) as probe,
+            TrafficCounter() as traffic,
+        ):
             self.synchronised_step()
-        return probe
+        return probe, traffic
 
 
 # glibc's mallopt parameters.
@@ -140,10 +145,11 @@ def _rank_worker(
             steps.append(row.synchronised_step())
     runs = []
     for row, steps, first in zip(prepared, timings, first_steps):
-        probe = row.measure_memory()
-        runs.append(
-            RankRun(steps, probe.peak_bytes, probe.peak_saved_bytes, probe.peak_kv_bytes, first)
-        )
+        probe, traffic = row.measure()
+        runs.append(RankRun(
+            steps, probe.peak_bytes, probe.peak_saved_bytes, probe.peak_kv_bytes,
+            traffic.bytes, traffic.calls, first,
+        ))
     return runs
 
 
