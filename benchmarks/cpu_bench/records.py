@@ -87,6 +87,7 @@ def row_record(config: BenchConfig, row: BenchRow, runs: list[RankRun]) -> dict:
         "schedule": row.schedule,
         "label": row.label(),
         "pp": config.pp,
+        "cp": row.cp,
         "stages_per_rank": row.spec.stages_per_rank,
         "placement": row.spec.placement,
         "microbatches": row.microbatches,
