@@ -22,16 +22,20 @@ from benchmarks.cpu_bench.config import (
     BenchConfig,
     BenchRow,
     FULL_PRESET,
+    plan_context_rows,
     plan_rows,
     QUICK_PRESET,
 )
 from benchmarks.cpu_bench.runner import run_bench
 from benchmarks.cpu_bench.schedules import SCHEDULES
-from benchmarks.cpu_bench.table import print_table
+from benchmarks.cpu_bench.table import print_context_table, print_table
 
 __all__ = ["main"]
 
 _non_negative_int = number_at_least(int, 0, "an integer >= 0")
+_context_degree = number_at_least(int, 2, "an integer >= 2")
+# Options that choose rows: --cp runs its own.
+_NOT_WITH_CP = ("schedules", "partitions", "auto", "compile")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,8 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-calibrate", action="store_true",
                      help="skip timing the model's blocks and head on this machine (then no "
                           "calibrated predictions, no --auto, no time partition)")
-    run.add_argument("--schedules", nargs="+", choices=list(SCHEDULES), default=list(SCHEDULES),
+    run.add_argument("--schedules", nargs="+", choices=list(SCHEDULES),
                      metavar="NAME", help=f"rows to run (default all: {', '.join(SCHEDULES)})")
+    run.add_argument("--cp", type=_context_degree, metavar="C",
+                     help="instead of the schedule rows, context parallelism: 1F1B and uniform "
+                          "Seq1F1B on pp ranks against Seq1F1B on C*pp ranks (CP=C x PP), "
+                          "k = 1 standing in for 1F1B; rank 0's activation and K/V peaks and "
+                          "bytes communicated per step (no calibration)")
     run.add_argument("--compile", action="store_true",
                      help="also run every row with compiled blocks, in the same run")
     run.add_argument("--steps", type=positive_int, help="timed steps per row (default 5; --quick: 2)")
@@ -122,6 +131,22 @@ def _config_from_args(
     seq_len = args.seq_len or preset.seq_len
     microbatches = args.microbatches or [pp * n for n in preset.microbatches_per_pp]
     segments = args.segments or preset.segments
+    schedules = args.schedules or list(SCHEDULES)
+    if args.cp:
+        chosen = [f"--{name}" for name in _NOT_WITH_CP if getattr(args, name)]
+        if chosen:
+            parser.error(
+                f"--cp runs its own rows (1F1B and uniform Seq1F1B); leave out {' '.join(chosen)}"
+            )
+        schedules = ["1F1B", "Seq1F1B"]
+        segments = segments or SCHEDULES["Seq1F1B"].default_segments
+        for k in segments:
+            # Equal segments that CP can cut into 2c pieces: the same plan with and without CP.
+            if seq_len % (2 * args.cp * k):
+                parser.error(
+                    f"--seq-len {seq_len} does not split into {k} segments of a multiple of "
+                    f"2 * cp = {2 * args.cp} tokens; use --seq-len a multiple of {2 * args.cp * k}"
+                )
     for k in segments or ():
         if seq_len % k:
             divisors = " ".join(str(d) for d in range(1, 17) if seq_len % d == 0)
@@ -129,7 +154,7 @@ def _config_from_args(
                 f"--segments {k} does not divide --seq-len {seq_len}; pick segment counts "
                 f"that divide the sequence length (up to 16: {divisors})"
             )
-    for name in args.schedules:
+    for name in schedules:
         spec = SCHEDULES[name]
         stages = pp * spec.stages_per_rank
         if model.n_layers % stages:
@@ -158,8 +183,10 @@ def _config_from_args(
         parser.error("--auto and --partitions time need the calibration; drop --no-calibrate")
     if args.memory_budget_gib is not None and not args.auto:
         parser.error("--memory-budget-gib bounds the --auto pick; add --auto")
+    if args.cp:
+        return config, plan_context_rows(args.cp, microbatches, segments)
     compiled = (False, True) if args.compile else (False,)
-    return config, plan_rows(args.schedules, microbatches, segments, partitions, compiled)
+    return config, plan_rows(schedules, microbatches, segments, partitions, compiled)
 
 
 def _add_planner(args: argparse.Namespace, config: BenchConfig, rows: list[BenchRow]):
@@ -185,12 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     config, rows = _config_from_args(parser, args)
-    if not args.no_calibrate:
+    if not (args.no_calibrate or args.cp):
         config, rows = _add_planner(args, config, rows)
-    print(f"running {len(rows)} rows on {config.pp} gloo ranks...", flush=True)
+    ranks = " and ".join(str(config.pp * cp) for cp in dict.fromkeys(row.cp for row in rows))
+    print(f"running {len(rows)} rows on {ranks} gloo ranks...", flush=True)
     started = time.perf_counter()
     records = run_bench(config, rows, timeout=args.timeout)
-    print_table(config, records)
+    (print_context_table if args.cp else print_table)(config, records)
     print(f"total wall time {time.perf_counter() - started:.1f}s")
     if args.json:
         write_json(parser, args.json, records)

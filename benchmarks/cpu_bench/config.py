@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torchtitan_seq1f1b.examples.tiny_transformer import (
     BENCH_MODEL,
@@ -24,6 +24,7 @@ __all__ = [
     "BenchRow",
     "FULL_PRESET",
     "QUICK_PRESET",
+    "plan_context_rows",
     "plan_rows",
 ]
 
@@ -81,6 +82,8 @@ class BenchRow:
 
     ``auto``: k and partition are the planner's choice for this schedule and m.
     ``compiled``: every block compiled (``fullgraph=True``), as torchtitan compiles.
+    ``cp``: context-parallel degree; each pipeline rank is ``cp`` ranks, each
+    running its head-tail share of every segment (Seq1F1B schedules only).
     """
 
     schedule: str
@@ -89,6 +92,11 @@ class BenchRow:
     partition: str | None = None
     auto: bool = False
     compiled: bool = False
+    cp: int = 1
+
+    def __post_init__(self):
+        if self.cp > 1 and not self.spec.segmented:
+            raise ValueError(f"{self.schedule} cannot run context parallelism inside segments")
 
     @property
     def spec(self) -> BenchSchedule:
@@ -110,7 +118,8 @@ class BenchRow:
             return f"{self.schedule}{compiled}"
         partition = f" {self.partition}" if self.segments > 1 else ""
         chosen = " (auto)" if self.auto else ""
-        return f"{self.schedule} k={self.segments}{partition}{chosen}{compiled}"
+        context = f" cp={self.cp}" if self.cp > 1 else ""
+        return f"{self.schedule} k={self.segments}{partition}{chosen}{compiled}{context}"
 
 
 def plan_rows(
@@ -133,6 +142,19 @@ def plan_rows(
                 for k in segments or spec.default_segments:
                     for partition in partitions if k > 1 else ("uniform",):
                         rows.append(BenchRow(name, m, k, partition, compiled=compile_blocks))
+    return rows
+
+
+def plan_context_rows(
+    cp: int, microbatches: Sequence[int], segments: Sequence[int]
+) -> list[BenchRow]:
+    """The context-parallel comparison: per m, torch's 1F1B and uniform Seq1F1B (each k)
+    without CP, then the same Seq1F1B rows at CP degree ``cp``, where k = 1 stands in
+    for 1F1B (the same order; torch's schedule cannot run CP inside segments)."""
+    rows = []
+    for m in microbatches:
+        alone = plan_rows(("1F1B", "Seq1F1B"), (m,), segments, ("uniform",))
+        rows += alone + [replace(row, cp=cp) for row in alone if row.spec.segmented]
     return rows
 
 

@@ -24,8 +24,9 @@ BASELINE = "1F1B"
 
 
 def predict(config: BenchConfig, row: BenchRow) -> SimResult | None:
-    """The simulator's FLOP-priced result for ``row``, or None if it does not model it."""
-    if row.schedule not in SIMULATED_SCHEDULES or row.partition == "time":
+    """The simulator's FLOP-priced result for ``row``, or None if it does not model it
+    (nor context parallelism)."""
+    if row.schedule not in SIMULATED_SCHEDULES or row.partition == "time" or row.cp > 1:
         return None
     try:
         sim_config = SimConfig(

@@ -50,6 +50,10 @@ class RankRun:
     peak_bytes: int
     peak_saved_bytes: int
     peak_kv_bytes: int
+    traffic_bytes: dict[str, int]
+    """Bytes communicated over one step, per kind (:class:`~.traffic.TrafficCounter`)."""
+    traffic_calls: dict[str, int]
+    """Collectives, or p2p tensors, over that step, per kind."""
     first_step_seconds: float = 0.0
     """The first warm-up step (0 without one); with compiled blocks it compiles them."""
 
@@ -83,6 +87,7 @@ def row_record(config: BenchConfig, row: BenchRow, runs: list[RankRun]) -> dict:
         "schedule": row.schedule,
         "label": row.label(),
         "pp": config.pp,
+        "cp": row.cp,
         "stages_per_rank": row.spec.stages_per_rank,
         "placement": row.spec.placement,
         "microbatches": row.microbatches,
@@ -97,6 +102,8 @@ def row_record(config: BenchConfig, row: BenchRow, runs: list[RankRun]) -> dict:
         "peak_activation_bytes": [run.peak_bytes for run in runs],
         "peak_saved_tensor_bytes": [run.peak_saved_bytes for run in runs],
         "peak_kv_store_bytes": [run.peak_kv_bytes for run in runs],
+        "traffic_bytes": [run.traffic_bytes for run in runs],
+        "traffic_calls": [run.traffic_calls for run in runs],
         "bubble_fraction": statistics.fmean(bubbles),
         "bubble_fraction_per_rank": bubbles,
         "compute_fraction_per_rank": [

@@ -15,6 +15,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from torchtitan_seq1f1b._torch_compat.introspection import timed_p2p_waits
+from torchtitan_seq1f1b.context_parallel import ContextGroup, HeadTail
 from torchtitan_seq1f1b.local_ranks import run_ranks
 from torchtitan_seq1f1b.examples.tiny_transformer import TinyTransformer, token_sum_cross_entropy
 from benchmarks.planner_probes.compute_spans import ComputeRecorder
@@ -22,6 +23,7 @@ from benchmarks.cpu_bench.config import BenchConfig, BenchRow
 from benchmarks.cpu_bench.predict import add_comparisons
 from benchmarks.cpu_bench.probes import ActivationMemoryProbe
 from benchmarks.cpu_bench.records import RankRun, row_record, StepTiming
+from benchmarks.cpu_bench.traffic import TrafficCounter
 
 __all__ = ["run_bench"]
 
@@ -35,7 +37,9 @@ def _batch(config: BenchConfig, microbatches: int) -> tuple[torch.Tensor, torch.
     return tokens, target
 
 
-def _build_schedule(row: BenchRow, stages: list[PipelineStage], config: BenchConfig):
+def _build_schedule(
+    row: BenchRow, stages: list[PipelineStage], config: BenchConfig, context: ContextGroup | None
+):
     spec = row.spec
     if spec.segmented:
         return spec.schedule_cls(
@@ -44,25 +48,47 @@ def _build_schedule(row: BenchRow, stages: list[PipelineStage], config: BenchCon
             row.plan(config),
             loss_fn=token_sum_cross_entropy,
             positions_kwarg="positions",
+            context_parallel=context,
         )
     if issubclass(spec.schedule_cls, PipelineScheduleSingle):
         return spec.schedule_cls(stages[0], row.microbatches, loss_fn=token_sum_cross_entropy)
     return spec.schedule_cls(stages, row.microbatches, loss_fn=token_sum_cross_entropy)
 
 
-class _RankRow:
-    """One row's stages and schedule on this rank, ready to step."""
+def _mesh(
+    rank: int, pp: int, cp: int
+) -> tuple[int, dist.ProcessGroup | None, ContextGroup | None]:
+    """(pipeline rank, pipeline group, CP group) of ``rank``, PP outermost as torchtitan's mesh
+    lays ranks out: rank = pp_rank * cp + cp_rank. Without CP: the default group, no CP group."""
+    if cp == 1:
+        return rank, None, None
+    # Every rank creates every group, in the same order.
+    pp_groups = [dist.new_group([p * cp + c for p in range(pp)]) for c in range(cp)]
+    cp_groups = [dist.new_group([p * cp + c for c in range(cp)]) for p in range(pp)]
+    pp_rank, cp_rank = divmod(rank, cp)
+    return pp_rank, pp_groups[cp_rank], ContextGroup(HeadTail(cp, cp_rank), cp_groups[pp_rank])
 
-    def __init__(self, rank: int, pp: int, model: TinyTransformer, config: BenchConfig, row: BenchRow):
+
+class _RankRow:
+    """One row's stages and schedule on this rank, ready to step.
+
+    ``rank`` is the pipeline rank in ``pp_group`` (the default group if None);
+    ``context`` the CP group, for rows with ``row.cp > 1``.
+    """
+
+    def __init__(
+        self, rank: int, pp: int, model: TinyTransformer, config: BenchConfig, row: BenchRow,
+        pp_group: dist.ProcessGroup | None, context: ContextGroup | None,
+    ):
         spec = row.spec
         num_stages = pp * spec.stages_per_rank
         indices = spec.stage_indices(rank, pp)
         self.parts = [model.stage(i, num_stages, compile_blocks=row.compiled) for i in indices]
         self.stages = [
-            PipelineStage(part, i, num_stages, torch.device("cpu"))
+            PipelineStage(part, i, num_stages, torch.device("cpu"), group=pp_group)
             for part, i in zip(self.parts, indices)
         ]
-        self.schedule = _build_schedule(row, self.stages, config)
+        self.schedule = _build_schedule(row, self.stages, config, context)
         self.kv_stores = [self.schedule.kv_stores[i] for i in indices] if spec.segmented else []
         tokens, target = _batch(config, row.microbatches)
         self.inputs = (tokens,) if 0 in indices else ()
@@ -81,11 +107,15 @@ class _RankRow:
             end = time.perf_counter()
         return StepTiming(start, finish, end, waits.seconds, recorder.spans)
 
-    def measure_memory(self) -> ActivationMemoryProbe:
+    def measure(self) -> tuple[ActivationMemoryProbe, TrafficCounter]:
+        """Activation memory and bytes communicated over one step."""
         # Its own step: saved-tensor hooks cost time the timed steps should not pay.
-        with ActivationMemoryProbe(self.parts, self.kv_stores) as probe:
+        with (
+            ActivationMemoryProbe(self.parts, self.kv_stores) as probe,
+            TrafficCounter() as traffic,
+        ):
             self.synchronised_step()
-        return probe
+        return probe, traffic
 
 
 # glibc's mallopt parameters.
@@ -120,13 +150,17 @@ def _rank_worker(
 ) -> list[RankRun]:
     """Every row on this rank, from the same initial weights (each row copies its stages).
 
-    Steps go round-robin over the rows, so a machine that slows down for a
-    while (shared or virtual CPUs) slows every row alike instead of a few.
+    The rows share one CP degree, ``world_size / config.pp``. Steps go
+    round-robin over the rows, so a machine that slows down for a while
+    (shared or virtual CPUs) slows every row alike instead of a few.
     """
     _keep_freed_memory_mapped()
+    pp_rank, pp_group, context = _mesh(rank, config.pp, world_size // config.pp)
     torch.manual_seed(config.seed)
     model = TinyTransformer(config.model)
-    prepared = [_RankRow(rank, world_size, model, config, row) for row in rows]
+    prepared = [
+        _RankRow(pp_rank, config.pp, model, config, row, pp_group, context) for row in rows
+    ]
     # The first step of a compiled row includes compiling its blocks.
     first_steps = [0.0] * len(rows)
     for step in range(config.warmup_steps):
@@ -140,19 +174,25 @@ def _rank_worker(
             steps.append(row.synchronised_step())
     runs = []
     for row, steps, first in zip(prepared, timings, first_steps):
-        probe = row.measure_memory()
-        runs.append(
-            RankRun(steps, probe.peak_bytes, probe.peak_saved_bytes, probe.peak_kv_bytes, first)
-        )
+        probe, traffic = row.measure()
+        runs.append(RankRun(
+            steps, probe.peak_bytes, probe.peak_saved_bytes, probe.peak_kv_bytes,
+            traffic.bytes, traffic.calls, first,
+        ))
     return runs
 
 
 def run_bench(config: BenchConfig, rows: list[BenchRow], timeout: float = 3600) -> list[dict]:
-    """Run every row on ``config.pp`` local gloo ranks; one record per row."""
-    per_rank = run_ranks(_rank_worker, config.pp, config, rows, timeout=timeout)
-    records = [
-        row_record(config, row, [per_rank[rank][i] for rank in range(config.pp)])
-        for i, row in enumerate(rows)
-    ]
+    """Run every row on ``config.pp * row.cp`` local gloo ranks (one launch per CP degree);
+    one record per row, in the order of ``rows``."""
+    records: list[dict | None] = [None] * len(rows)
+    for cp in dict.fromkeys(row.cp for row in rows):
+        indices = [i for i, row in enumerate(rows) if row.cp == cp]
+        world_size = config.pp * cp
+        per_rank = run_ranks(
+            _rank_worker, world_size, config, [rows[i] for i in indices], timeout=timeout
+        )
+        for j, i in enumerate(indices):
+            records[i] = row_record(config, rows[i], [per_rank[r][j] for r in range(world_size)])
     add_comparisons(config, rows, records)
     return records

@@ -9,8 +9,9 @@ import statistics
 
 from benchmarks.cpu_bench.config import BenchConfig
 from benchmarks.cpu_bench.predict import BASELINE
+from benchmarks.cpu_bench.traffic import TRAFFIC_KINDS
 
-__all__ = ["noise_summary", "print_table"]
+__all__ = ["noise_summary", "print_context_table", "print_table"]
 
 MIB = 2**20
 
@@ -35,14 +36,20 @@ def noise_summary(records: list[dict]) -> str | None:
     )
 
 
-def print_table(config: BenchConfig, records: list[dict]) -> None:
+def _model_line(config: BenchConfig) -> str:
     model = config.describe()
-    print(
+    return (
         f"model: dim={model['dim']} layers={model['n_layers']} heads={model['n_heads']} "
         f"kv_heads={model['n_kv_heads']} ffn={model['ffn_hidden_dim']} "
         f"vocab={model['vocab_size']} ({model['parameters'] / 1e6:.1f}M params, fp32) "
-        f"seq_len={config.seq_len} microbatch_size={config.microbatch_size} pp={config.pp}; "
-        f"median of {config.steps} steps after {config.warmup_steps} warm-up"
+        f"seq_len={config.seq_len} microbatch_size={config.microbatch_size} pp={config.pp}"
+    )
+
+
+def print_table(config: BenchConfig, records: list[dict]) -> None:
+    print(
+        f"{_model_line(config)}; median of {config.steps} steps after "
+        f"{config.warmup_steps} warm-up"
     )
     print(
         "ratios are against torch Schedule1F1B with the same m; sim = simulator (FLOP-priced), "
@@ -71,3 +78,36 @@ def print_table(config: BenchConfig, records: list[dict]) -> None:
     summary = noise_summary(records)
     if summary:
         print(summary)
+
+
+def _context_label(record: dict) -> str:
+    if record["schedule"] == BASELINE:
+        return "1F1B (torch)"
+    if record["segments"] == 1:
+        return "1F1B order (Seq1F1B k=1)"
+    return f"Seq1F1B k={record['segments']} {record['partition']}"
+
+
+def print_context_table(config: BenchConfig, records: list[dict]) -> None:
+    """Rank 0's peaks and bytes per step, with and without context parallelism."""
+    print(f"{_model_line(config)}; rank = pp_rank * cp + cp_rank; rank 0 over one step")
+    print(
+        "with CP, 1F1B runs as Seq1F1B k=1 (its order): torch's Schedule1F1B cannot give CP "
+        "ranks their share of each segment; AG/RS = K/V all-gather/dK,dV reduce-scatter, "
+        "bytes each rank sends (= receives); PP = pipeline sends/receives; MiB"
+    )
+    header = (
+        f"{'schedule':<26} {'m':>2} {'cp':>2} {'act MiB':>8} {'x1F1B':>6} {'K/V MiB':>8} "
+        f"{'AG':>7} {'RS':>7} {'PP send':>7} {'PP recv':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for rec in records:
+        traffic = rec["traffic_bytes"][0]
+        print(
+            f"{_context_label(rec):<26} {rec['microbatches']:>2} {rec['cp']:>2} "
+            f"{rec['peak_activation_bytes'][0] / MIB:>8.2f} "
+            f"{_fmt(rec.get('peak_activation_ratio'), '6.3f'):>6} "
+            f"{rec['peak_kv_store_bytes'][0] / MIB:>8.2f} "
+            + " ".join(f"{traffic[kind] / MIB:>7.2f}" for kind in TRAFFIC_KINDS)
+        )

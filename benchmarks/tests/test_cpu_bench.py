@@ -138,6 +138,11 @@ def test_seq1f1b_k1_runs_the_same_order_as_1f1b(quick_records):
         (["--heads", "3"], "dim=128 is not divisible by n_heads=3"),
         (["--auto", "--no-calibrate"], "--auto and --partitions time need the calibration"),
         (["--memory-budget-gib", "1"], "--memory-budget-gib bounds the --auto pick; add --auto"),
+        (["--cp", "1"], "argument --cp: expected an integer >= 2, got 1"),
+        (["--cp", "2", "--auto", "--compile"], "--cp runs its own rows (1F1B and uniform "
+         "Seq1F1B); leave out --auto --compile"),
+        (["--cp", "2", "-k", "3"], "--seq-len 512 does not split into 3 segments of a multiple "
+         "of 2 * cp = 4 tokens"),
     ],
 )
 def test_bad_options_fail_before_any_rank_starts(argv, message, monkeypatch, capsys):
