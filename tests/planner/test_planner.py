@@ -9,16 +9,19 @@ it must produce (positive fits, bytes that match the store's layout, the cache).
 """
 
 import importlib
+import re
 
 import pytest
 import torch
 
 from torchtitan_seq1f1b.orders import replay, seq1f1b_order
 from torchtitan_seq1f1b.planner import (
+    AutoPlanRequest,
     CACHE_ENV,
     cached_calibration,
     calibrate,
     CalibrationTarget,
+    ContextParallelCost,
     HostProbes,
     causal_pairs,
     estimate,
@@ -30,6 +33,7 @@ from torchtitan_seq1f1b.planner import (
     prefix_rectangle,
     rank_chain_length,
     recommend,
+    recommend_for,
     RuntimeOverhead,
     segment_plan,
     TimeModel,
@@ -340,3 +344,72 @@ def test_the_first_stage_runs_its_whole_backward_in_w():
         return replay(order, seconds).makespan
 
     assert estimate(plan, "uniform", shape, model).step_seconds == replayed(True) != replayed(False)
+
+
+# ---- context parallelism --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cp,peak", [(1, 16000 + 3520), (2, 8000 + 3520), (4, 4000 + 3520)])
+def test_context_parallel_divides_activations_not_the_kv_store(cp, peak):
+    # Rank 0 of 2, 2 blocks, k = 4 uniform at 64 tokens: p + k - 1 = 5 segments of
+    # 16 / cp tokens x 2 blocks x 100 bytes = 16000 / cp; the gathered store of both
+    # microbatches, 2 x 2 blocks x 64 x 10 = 2560, and the first's bank, 2 x 48 x 10 = 960.
+    result = estimate(
+        SegmentPlan.uniform(64, 4, align=2 * cp), "uniform", _shape(), _model(per_pair=0.0),
+        ContextParallelCost(cp),
+    )
+    assert result.peak_bytes[0] == peak
+
+
+def test_context_parallel_time_is_a_share_of_compute_plus_the_collectives():
+    # k = 1, 2 blocks per stage, c = 2 at 1e6 bytes/s and 1e-4 s a collective: each layer
+    # moves (c - 1) / c x 64 tokens x 10 bytes = 320 bytes each way, 4.2e-4 s.
+    # F = 2 x (64e-6 / 2 + 4.2e-4), B = 2 x (128e-6 / 2 + 4.2e-4); 1F1B: (m + p - 1)(F + B).
+    cp = ContextParallelCost(2, bytes_per_second=1e6, latency=1e-4)
+    result = estimate(SegmentPlan.uniform(64, 1), "uniform", _shape(), _model(per_pair=0.0), cp)
+    assert result.step_seconds == pytest.approx(3 * (9.04e-4 + 9.68e-4), rel=1e-12)
+    # The call's fixed cost is not shared; W moves nothing, except on the first stage,
+    # whose W is the whole backward.
+    assert UnitTime(1e-6, 0.0, 1e-3)(64, 64, share=4) == pytest.approx(16e-6 + 1e-3)
+    model = _model(per_pair=0.0)
+    assert model.unit_seconds("W", 64, 64, 2, False, context_parallel=cp) == pytest.approx(64e-6)
+    assert model.unit_seconds("W", 64, 64, 2, False, True, cp) == pytest.approx(9.68e-4)
+    assert model.unit_seconds("I", 64, 64, 2, False, context_parallel=cp) == pytest.approx(9.04e-4)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_context_parallel_plans_are_multiples_of_2c_and_of_align(cp):
+    found = recommend(
+        _shape(), _model(), SHAPE, 96, align=3, partitions=("uniform", "balanced"),
+        segment_counts=(2, 4, 8), context_parallel=ContextParallelCost(cp),
+    )
+    multiple = {1: 3, 2: 12, 4: 24}[cp]  # lcm(3, 2c)
+    assert all(n % multiple == 0 for e in found.fitting for n in e.plan.lengths)
+    assert {e.num_segments for e in found.fitting} == {k for k in (2, 4, 8) if k * multiple <= 96}
+
+
+def _request(**changes) -> AutoPlanRequest:
+    job = dict(shape=SHAPE, seq_len=96, num_ranks=2, stages_per_rank=1, microbatches=2,
+               order_for=ScheduleSeq1F1B.order_for, partitions=("uniform",))
+    return AutoPlanRequest(**{**job, **changes})
+
+
+def test_a_request_takes_its_context_parallel_degree_to_the_plan():
+    assert _request().context_parallel == 1
+    found = recommend_for(_request(context_parallel=4, segment_counts=(1, 2, 4)), _model())
+    assert {e.num_segments for e in found.fitting} == {1, 2, 4}
+    assert all(n % 8 == 0 for e in found.fitting for n in e.plan.lengths)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(context_parallel=0), "context_parallel=0 must be a positive int"),
+    (dict(context_parallel=4, seq_len=100),
+     "context_parallel=4: context parallelism of degree 4 cuts every segment into 8 pieces, "
+     "so segment lengths are multiples of 8 and seq_len 100 is not one; pick a seq_len "
+     "divisible by 8 (e.g. 96 or 104)"),
+    (dict(context_parallel=2, align=3, seq_len=102), "multiples of 12 (lcm with align 3)"),
+    (dict(context_parallel=2, cp_bytes_per_second=0.0), "bytes_per_second=0.0 must be > 0"),
+])
+def test_a_request_refuses_a_context_parallel_degree_its_sequences_cannot_take(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _request(**changes)

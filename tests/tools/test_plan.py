@@ -57,6 +57,13 @@ def test_a_budget_leaves_out_the_plans_it_cannot_hold(tmp_path, capsys):
         ([*TINY, "--schedule", "InterleavedSeq1F1B", "-v", "4"], "exceeds the model's 4 blocks"),
         ([*TINY, "--align", "5"], "--seq-len 128 is not a multiple of --align 5"),
         ([*TINY, "--memory-budget-gib", "1e-6"], "--memory-budget-gib 1e-06: no Seq1F1B plan"),
+        ([*TINY, "--cp", "0"], "argument --cp: expected a positive integer, got 0"),
+        ([*TINY, "--cp", "3"],
+         "--cp 3: context parallelism of degree 3 cuts every segment into 6 pieces, so segment "
+         "lengths are multiples of 6 and seq_len 128 is not one; pick a seq_len divisible by 6 "
+         "(e.g. 126 or 132)"),
+        ([*TINY, "--cp", "2", "--align", "3", "--seq-len", "126"],
+         "multiples of 12 (lcm with align 3)"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(argv, message, capsys):
@@ -64,3 +71,13 @@ def test_bad_options_are_refused_naming_the_option(argv, message, capsys):
         cli.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,cp", [([], 1), (["--cp", "4"], 4)])
+def test_the_context_parallel_degree_reaches_the_request(extra, cp):
+    parser = cli._parser()
+    args = parser.parse_args([*TINY, *extra, "--cp-bandwidth", "5e10", "--cp-latency", "1e-5"])
+    request = cli._request(parser, args)
+    assert (request.context_parallel, request.cp_bytes_per_second, request.cp_latency) == (
+        cp, 5e10, 1e-5
+    )

@@ -325,6 +325,62 @@ def test_kv_store_only_for_segments():
     assert simulate(_config("Seq1F1B", p=4, m=4)).ranks[0].peak_kv_bytes > 0
 
 
+# ---- context parallelism --------------------------------------------------------
+
+# One block per stage; a token leaves (4 + 2 + 2) * 8 + (2 + 4 / 2 + 2) * 8 + 8 * 16 = 240
+# bytes in it (no TP, no dropout) and 2 x 4 x 2 = 16 bytes of bf16 K/V (32 of fp32 gradient).
+CP_MODEL = TransformerCost(n_layers=2, dim=8, n_heads=2, n_kv_heads=1, ffn_hidden_dim=16,
+                           vocab_size=32)
+
+
+def _cp_config(schedule, cp, **kwargs):
+    return SimConfig(
+        model=CP_MODEL, seq_len=64, pp=2, microbatches=2, segments=4, schedule=schedule,
+        partition="uniform", cp=cp, memory=MemoryModel(sequence_parallel=False, dropout=False),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("schedule,cp,activations,kv", [
+    # 1F1B: p = 2 microbatches of 64 tokens, 64 x 240 / cp each; under CP their gathered
+    # K/V, 2 x 64 x 16, as torchtitan's CP attention saves it for backward.
+    ("1F1B", 1, 30720, 0), ("1F1B", 2, 15360, 2048), ("1F1B", 4, 7680, 2048),
+    # Seq1F1B, k = 4: p + k - 1 = 5 segments of 16 tokens, 16 x 240 / cp each; the stores
+    # of both microbatches, 2 x 64 x 16, and the first's fp32 bank, 48 x 32: not divided.
+    ("Seq1F1B", 1, 19200, 3584), ("Seq1F1B", 2, 9600, 3584), ("Seq1F1B", 4, 4800, 3584),
+])
+def test_context_parallel_divides_activations_not_the_gathered_kv(schedule, cp, activations, kv):
+    rank0 = simulate(_cp_config(schedule, cp)).ranks[0]
+    assert (rank0.peak_activation_bytes, rank0.peak_kv_bytes) == (activations, kv)
+    assert rank0.peak_memory_bytes - rank0.model_state_bytes == activations + kv
+
+
+def test_context_parallel_collectives_lengthen_every_forward_and_backward():
+    # device_flops makes a forward of a microbatch over a rank's block 1 s; each K/V
+    # collective moves (2 - 1) / 2 x 64 x 16 = 512 bytes: 0.5 + 512 / 512 = 1.5 s.
+    # F = 1 / 2 + 1.5, B = 2 / 2 + 1.5; 1F1B's step: (m + p - 1)(F + B).
+    flops = CP_MODEL.forward_flops(64, 64) / 2
+    result = simulate(_cp_config("1F1B", 2, cp_bytes_per_second=512.0, cp_latency=0.5,
+                                 device_flops=flops))
+    assert result.makespan == pytest.approx(3 * (2.0 + 2.5), rel=1e-12)
+    assert result.to_record()["config"]["cp"] == 2
+
+
+@pytest.mark.parametrize("cp,tp,align,multiple", [(4, 2, None, 8), (2, 1, 3, 12), (1, 1, 3, 3)])
+def test_context_parallel_segments_are_multiples_of_2c_and_of_align(cp, tp, align, multiple):
+    config = SimConfig(model=SMALL, seq_len=4608, pp=2, microbatches=2, segments=8, tp=tp,
+                       cp=cp, align=align)
+    assert config.segment_align == multiple
+    assert all(n % multiple == 0 for n in config.plan().lengths)
+
+
+def test_context_parallel_shards_the_distributed_optimizer_over_dp_x_cp():
+    cfg = dict(model=SMALL, seq_len=1024, pp=4, microbatches=4, schedule="1F1B", dp=2, cp=2,
+               memory=MemoryModel(distributed_optimizer=True))
+    params = 8 * layer_params(SMALL, 1)
+    assert simulate(SimConfig(**cfg)).ranks[1].model_state_bytes == 6 * params + 12 * params // 4
+
+
 # ---- the paper ----------------------------------------------------------------
 
 
@@ -362,6 +418,21 @@ def test_cli_paper_json(tmp_path, capsys):
     for rec in records:
         assert {"config", "schedule", "predicted_gb", "published_gb"} <= rec.keys()
     assert "7B 32xGPU 32k" in capsys.readouterr().out
+
+
+def test_cli_takes_the_context_parallel_degree_for_every_schedule(tmp_path, capsys):
+    path = tmp_path / "cp.json"
+    assert main(["--layers", "2", "--dim", "8", "--heads", "2", "--kv-heads", "1", "--ffn-dim",
+                 "16", "--vocab", "32", "--seq-len", "64", "--pp", "2", "-m", "2", "--cp", "4",
+                 "--no-sequence-parallel", "--no-dropout", "--partition", "uniform",
+                 "--json", str(path)]) == 0
+    assert "pp=2 tp=1 dp=1 cp=4 m=2" in capsys.readouterr().out
+    records = {r["schedule"]: r for r in json.loads(path.read_text())}
+    assert {r["config"]["cp"] for r in records.values()} == {4}
+    # Rank 0's activations and K/V as test_context_parallel_divides_activations_not_the_
+    # gathered_kv's at c = 4.
+    assert [records[s]["ranks"][0]["peak_activation_bytes"] for s in ("1F1B", "Seq1F1B")] == [
+        7680, 4800]
 
 
 def test_cli_explicit_dims_and_schedule_names(capsys):
@@ -436,6 +507,14 @@ def test_sim_config_chunks():
      "number >= 0"),
     (["--layers", "4", "--dim", "100", "--heads", "3", "--seq-len", "64", "--pp", "2", "-m", "2"],
      "not divisible"),
+    (["--model", "paper-7b", "--seq-len", "1024", "--pp", "2", "-m", "4", "--cp", "0"],
+     "argument --cp: expected a positive integer, got 0"),
+    (["--model", "paper-7b", "--seq-len", "1000", "--pp", "2", "-m", "4", "--cp", "3"],
+     "cp=3 (CLI: --cp, --seq-len): context parallelism of degree 3 cuts every segment into 6 "
+     "pieces, so segment lengths are multiples of 6 and seq_len 1000 is not one; pick a "
+     "seq_len divisible by 6 (e.g. 996 or 1002)"),
+    (["--model", "paper-7b", "--seq-len", "1024", "--pp", "2", "-m", "4", "--cp", "2",
+      "--cp-bandwidth", "0"], "argument --cp-bandwidth: expected a number > 0, got 0"),
 ])
 def test_cli_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -8,6 +8,17 @@ from torchtitan_seq1f1b.context_parallel.collectives import (
     gather_segment,
     reduce_scatter_segment,
 )
-from torchtitan_seq1f1b.context_parallel.layout import HeadTail
+from torchtitan_seq1f1b.context_parallel.layout import (
+    check_context_parallel,
+    context_parallel_align,
+    HeadTail,
+)
 
-__all__ = ["ContextGroup", "HeadTail", "gather_segment", "reduce_scatter_segment"]
+__all__ = [
+    "ContextGroup",
+    "HeadTail",
+    "check_context_parallel",
+    "context_parallel_align",
+    "gather_segment",
+    "reduce_scatter_segment",
+]

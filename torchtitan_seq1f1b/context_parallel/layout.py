@@ -16,11 +16,35 @@ an all-gather stacks the ranks' shares in rank order, ``(c, ..., L / c, ...)``,
 which :meth:`HeadTail.sequence_order` turns back into ``(..., L, ...)``.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["HeadTail"]
+__all__ = ["HeadTail", "check_context_parallel", "context_parallel_align"]
+
+
+def context_parallel_align(align: int, degree: int) -> int:
+    """What segment lengths must be multiples of: ``align``, and under context parallelism
+    of ``degree`` > 1 also ``2 * degree`` (every segment is cut into that many pieces)."""
+    return align if degree == 1 else math.lcm(align, 2 * degree)
+
+
+def check_context_parallel(seq_len: int, align: int, degree: int) -> int:
+    """:func:`context_parallel_align`; raises ValueError, saying what fits, unless
+    ``seq_len`` is a multiple of it."""
+    aligned = context_parallel_align(align, degree)
+    if seq_len % aligned:
+        below = seq_len // aligned * aligned
+        nearest = " or ".join(str(n) for n in (below, below + aligned) if n)
+        raise ValueError(
+            f"context parallelism of degree {degree} cuts every segment into {2 * degree} "
+            f"pieces, so segment lengths are multiples of {aligned}"
+            + (f" (lcm with align {align})" if aligned != 2 * degree else "")
+            + f" and seq_len {seq_len} is not one; pick a seq_len divisible by {aligned} "
+            f"(e.g. {nearest}) or a degree c with {seq_len} divisible by 2c"
+        )
+    return aligned
 
 
 @dataclass(frozen=True)

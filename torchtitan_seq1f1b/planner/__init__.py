@@ -6,7 +6,8 @@
 - :mod:`.calibrate`: time a chain of blocks (as many as a rank holds) and the
   head of the job's shape, segment by segment, on its device and dtype; fit
   and cache a :class:`TimeModel`;
-- :mod:`.time_model`: the fitted unit times, per-token bytes and runtime cost;
+- :mod:`.time_model`: the fitted unit times, per-token bytes and runtime cost,
+  and what context parallelism adds to them;
 - :mod:`.estimate`: one plan's predicted step time, bubble and per-rank
   memory under a schedule's real order;
 - :mod:`.choose`: segment plans per partition ("time" equalises calibrated
@@ -50,6 +51,7 @@ from torchtitan_seq1f1b.planner.estimate import (
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.planner.time_model import (
     causal_pairs,
+    ContextParallelCost,
     fit_unit_time,
     prefix_rectangle,
     RuntimeOverhead,
@@ -61,6 +63,7 @@ __all__ = [
     "AutoPlan",
     "AutoPlanRequest",
     "CACHE_ENV",
+    "ContextParallelCost",
     "GIB",
     "LlamaBlock",
     "MAX_CHAINED_BLOCKS",

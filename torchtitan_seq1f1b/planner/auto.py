@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from torchtitan_seq1f1b.actions import Order
+from torchtitan_seq1f1b.context_parallel import check_context_parallel
 from torchtitan_seq1f1b.planner.calibrate import (
     cached_calibration,
     chain_within,
@@ -19,7 +20,7 @@ from torchtitan_seq1f1b.planner.calibrate import (
 )
 from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation, recommend
 from torchtitan_seq1f1b.planner.estimate import PipelineShape
-from torchtitan_seq1f1b.planner.time_model import TimeModel
+from torchtitan_seq1f1b.planner.time_model import ContextParallelCost, TimeModel
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
 __all__ = [
@@ -52,6 +53,10 @@ class AutoPlanRequest:
         partitions: the partitions to consider.
         segment_counts: the k tried.
         refresh: calibrate again even if the cache has this target.
+        context_parallel: CP degree c inside every segment (1: none); lengths are
+            then also multiples of 2c, and ``seq_len`` must be one.
+        cp_bytes_per_second, cp_latency: the CP group's collectives
+            (:class:`ContextParallelCost`).
     """
 
     shape: TransformerCost
@@ -69,6 +74,23 @@ class AutoPlanRequest:
     partitions: tuple[str, ...] = field(default=PARTITIONS)
     segment_counts: tuple[int, ...] = tuple(range(1, 17))
     refresh: bool = False
+    context_parallel: int = 1
+    cp_bytes_per_second: float = ContextParallelCost.bytes_per_second
+    cp_latency: float = ContextParallelCost.latency
+
+    def __post_init__(self) -> None:
+        cp = self.context_parallel
+        if not isinstance(cp, int) or cp < 1:
+            raise ValueError(f"context_parallel={cp!r} must be a positive int (1: no CP)")
+        try:
+            check_context_parallel(self.seq_len, self.align, cp)
+        except ValueError as error:
+            raise ValueError(f"context_parallel={cp}: {error}") from None
+        ContextParallelCost(cp, self.cp_bytes_per_second, self.cp_latency)  # checks them
+
+    @property
+    def context_parallel_cost(self) -> ContextParallelCost:
+        return ContextParallelCost(self.context_parallel, self.cp_bytes_per_second, self.cp_latency)
 
 
 @dataclass(frozen=True)
@@ -122,4 +144,5 @@ def recommend_for(request: AutoPlanRequest, model: TimeModel) -> Recommendation:
         budget_bytes=request.budget_bytes,
         partitions=request.partitions,
         segment_counts=request.segment_counts,
+        context_parallel=request.context_parallel_cost,
     )

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from torchtitan_seq1f1b.context_parallel import context_parallel_align
 from torchtitan_seq1f1b.planner.estimate import estimate, PipelineShape, PlanEstimate
-from torchtitan_seq1f1b.planner.time_model import TimeModel
+from torchtitan_seq1f1b.planner.time_model import ContextParallelCost, TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentCost, SegmentPlan, TransformerCost
 
 __all__ = [
@@ -121,14 +122,17 @@ def recommend(
     budget_bytes: int | None = None,
     partitions: tuple[str, ...] = PARTITIONS,
     segment_counts: Iterable[int] = range(1, 17),
+    context_parallel: ContextParallelCost = ContextParallelCost(),
 ) -> Recommendation:
     """Estimate every (k, partition) and pick the fastest plan that fits.
 
     ``budget_bytes`` bounds each rank's activations plus K/V store (None: no
-    bound); k runs over ``segment_counts`` that leave every segment ``align``
-    tokens or more. Raises :class:`NoPlanFitsError` naming the smallest need
-    when no plan fits.
+    bound); lengths are multiples of ``align`` (and of 2c under
+    ``context_parallel``), and k runs over ``segment_counts`` that leave every
+    segment one such multiple or more. Raises :class:`NoPlanFitsError` naming the
+    smallest need when no plan fits.
     """
+    align = context_parallel_align(align, context_parallel.degree)
     tried: list[PlanEstimate] = []
     seen: set[tuple[int, ...]] = set()
     for k in sorted(k for k in set(segment_counts) if k * align <= seq_len):
@@ -137,7 +141,7 @@ def recommend(
             if plan.lengths in seen:  # e.g. k = 1, where every partition agrees
                 continue
             seen.add(plan.lengths)
-            tried.append(estimate(plan, partition, shape, model))
+            tried.append(estimate(plan, partition, shape, model, context_parallel))
     tried.sort(key=lambda e: (e.step_seconds, e.num_segments))
     fitting = [e for e in tried if budget_bytes is None or max(e.peak_bytes) <= budget_bytes]
     over = [e for e in tried if e not in fitting]

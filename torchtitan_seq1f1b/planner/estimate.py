@@ -9,7 +9,10 @@ plus the runtime's own cost per action
 step, and walked for the bytes each
 rank holds: every unit's saved activations until its backward (B, or W after
 I), and every microbatch's K/V store from its first forward to its last
-backward, with the fp32 gradient bank from its first backward on.
+backward, with the fp32 gradient bank from its first backward on. Under
+context parallelism a rank computes and keeps its ``1/c`` share of every unit
+and runs the K/V collectives (:class:`ContextParallelCost`); its K/V store
+holds the gathered K/V, the whole sequence's as without CP.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from torchtitan_seq1f1b.actions import Order, SegmentAction
 from torchtitan_seq1f1b.orders import replay
-from torchtitan_seq1f1b.planner.time_model import TimeModel
+from torchtitan_seq1f1b.planner.time_model import ContextParallelCost, TimeModel
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 __all__ = ["PipelineShape", "PlanEstimate", "estimate", "even_stage_blocks"]
@@ -79,9 +82,13 @@ class PlanEstimate:
 
 
 def _peak_bytes(
-    actions: list[SegmentAction], plan: SegmentPlan, shape: PipelineShape, model: TimeModel
+    actions: list[SegmentAction],
+    plan: SegmentPlan,
+    shape: PipelineShape,
+    model: TimeModel,
+    context_parallel: int,
 ) -> int:
-    """Largest activation + K/V footprint of one rank over its order."""
+    """Largest activation + K/V footprint of one rank of ``context_parallel`` over its order."""
     live: dict[tuple[int, int, int], float] = {}  # (stage, microbatch, segment)
     stores: dict[tuple[int, int], float] = {}  # (stage, microbatch)
     peak = 0.0
@@ -92,7 +99,7 @@ def _peak_bytes(
         if action.kind == "F":
             has_head = stage == shape.last_stage
             live[(stage, microbatch, segment)] = model.unit_activation_bytes(
-                plan.lengths[segment], blocks, has_head
+                plan.lengths[segment] // context_parallel, blocks, has_head
             )
             stores.setdefault((stage, microbatch), blocks * model.kv_bytes * plan.seq_len)
         elif segment == k - 1 and action.kind in "BI" and k > 1:
@@ -107,10 +114,16 @@ def _peak_bytes(
 
 
 def estimate(
-    plan: SegmentPlan, partition: str, shape: PipelineShape, model: TimeModel
+    plan: SegmentPlan,
+    partition: str,
+    shape: PipelineShape,
+    model: TimeModel,
+    context_parallel: ContextParallelCost = ContextParallelCost(),
 ) -> PlanEstimate:
-    """Replay ``shape``'s order for ``plan`` with ``model``'s unit times and walk its memory."""
+    """Replay ``shape``'s order for ``plan`` with ``model``'s unit times and walk its memory,
+    on one rank of ``context_parallel``'s group per stage (``plan``'s lengths multiples of 2c)."""
     order = shape.order(plan.num_segments)
+    cp = context_parallel.degree
 
     def seconds(action: SegmentAction) -> float:
         length = plan.lengths[action.segment]
@@ -121,8 +134,9 @@ def estimate(
             shape.stage_blocks[action.stage],
             action.stage == shape.last_stage,
             action.stage == 0,
+            context_parallel,
         )
-        return unit + model.runtime.action_seconds(length)
+        return unit + model.runtime.action_seconds(length // cp)  # hand-offs carry L / c
 
     timeline = replay(order, seconds)
     return PlanEstimate(
@@ -130,5 +144,5 @@ def estimate(
         partition=partition,
         step_seconds=timeline.makespan + model.runtime.per_step,
         bubble_fraction=timeline.bubble_fraction,
-        peak_bytes=tuple(_peak_bytes(order[r], plan, shape, model) for r in sorted(order)),
+        peak_bytes=tuple(_peak_bytes(order[r], plan, shape, model, cp) for r in sorted(order)),
     )

@@ -34,6 +34,7 @@ import torch
 from torchtitan_seq1f1b.segmenting.cost import check_span
 
 __all__ = [
+    "ContextParallelCost",
     "KINDS",
     "NOT_CHARGED",
     "PROBED_SEGMENT_COUNTS",
@@ -79,12 +80,12 @@ class UnitTime:
     per_unit: float
     per_prefix_pair: float = 0.0
 
-    def __call__(self, length: int, end: int) -> float:
-        return (
-            self.additive(length, end)
-            + self.per_prefix_pair * prefix_rectangle(length, end)
-            + self.per_unit
-        )
+    def __call__(self, length: int, end: int, share: int = 1) -> float:
+        """Seconds on one of ``share`` ranks that split the unit's tokens evenly (context
+        parallelism's head-tail pieces split the causal pairs evenly too): the per-token
+        and per-pair terms divide by ``share``, the per-call cost does not."""
+        spread = self.additive(length, end) + self.per_prefix_pair * prefix_rectangle(length, end)
+        return spread / share + self.per_unit
 
     def additive(self, length: int, end: int) -> float:
         """The part that adds up over any split of the span: tokens and causal pairs."""
@@ -154,6 +155,50 @@ class RuntimeOverhead:
 
 
 @dataclass(frozen=True)
+class ContextParallelCost:
+    """Context parallelism of degree ``degree`` inside every segment, as a rank's unit times see it.
+
+    A rank computes its head-tail share of each segment, ``1/c`` of the tokens and of
+    the causal pairs. Per attention layer, a forward all-gathers the segment's K/V over
+    the CP group and the step that computes their gradients (B, or I) reduce-scatters
+    them; each collective moves ``(c-1)/c`` of the segment's K/V bytes per rank and takes
+    ``latency + bytes / bytes_per_second`` seconds, not overlapped with compute.
+
+    Args:
+        degree: c, the CP ranks sharing every segment (1: no CP, nothing moved).
+        bytes_per_second: what a rank moves per second in an all-gather or
+            reduce-scatter over its CP group (NCCL's bus bandwidth). The default is an
+            assumption between NVLink inside a node and InfiniBand across nodes.
+        latency: seconds each collective costs whatever its size (also an assumption).
+    """
+
+    degree: int = 1
+    bytes_per_second: float = 100e9
+    latency: float = 20e-6
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.degree, int) or self.degree < 1:
+            raise ValueError(f"context parallel degree={self.degree!r} must be a positive int")
+        if not self.bytes_per_second > 0 or not self.latency >= 0:
+            raise ValueError(
+                f"bytes_per_second={self.bytes_per_second} must be > 0 and "
+                f"latency={self.latency} >= 0"
+            )
+
+    def exchange_seconds(self, kind: str, length: int, kv_row_bytes: float) -> float:
+        """Seconds of the collective a ``kind`` unit of ``length`` tokens runs in one layer.
+
+        ``kv_row_bytes``: K and V bytes of one token in one layer (the whole microbatch's
+        tokens at that position). F all-gathers, B and I reduce-scatter, W moves nothing;
+        0 without CP.
+        """
+        if self.degree == 1 or kind == "W":
+            return 0.0
+        moved = (self.degree - 1) / self.degree * length * kv_row_bytes
+        return self.latency + moved / self.bytes_per_second
+
+
+@dataclass(frozen=True)
 class TimeModel:
     """Fitted unit times and per-token bytes of one (model shape, device, dtype).
 
@@ -180,9 +225,17 @@ class TimeModel:
     calibrated_for: dict = field(default_factory=dict)
 
     def unit_seconds(
-        self, kind: str, length: int, end: int, blocks: int, has_head: bool, is_first: bool = False
+        self,
+        kind: str,
+        length: int,
+        end: int,
+        blocks: int,
+        has_head: bool,
+        is_first: bool = False,
+        context_parallel: ContextParallelCost = ContextParallelCost(),
     ) -> float:
-        """Time of a ``kind`` unit on a stage of ``blocks`` blocks (and the head if it is last).
+        """Time of a ``kind`` unit on a stage of ``blocks`` blocks (and the head if it is last),
+        on one rank of ``context_parallel``'s group: its share and its K/V collectives.
 
         The first stage (``is_first``) takes token ids, which have no gradient: torch's split
         backward there computes nothing in I and the whole backward in W.
@@ -191,9 +244,13 @@ class TimeModel:
             return 0.0
         if is_first and kind == "W":
             kind = "B"
-        seconds = blocks * self.block[kind](length, end)
+        share = context_parallel.degree
+        seconds = blocks * (
+            self.block[kind](length, end, share)
+            + context_parallel.exchange_seconds(kind, length, self.kv_bytes)
+        )
         if has_head:
-            seconds += self.head[kind](length, end)
+            seconds += self.head[kind](length, end, share)
         return seconds
 
     def unit_activation_bytes(self, length: int, blocks: int, has_head: bool) -> float:

@@ -21,7 +21,9 @@ from torchtitan_seq1f1b.planner import (
     plan_automatically,
 )
 from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout
+from torchtitan_seq1f1b.context_parallel import check_context_parallel
 from torchtitan_seq1f1b.tools.simulate import (
+    add_context_parallel_arguments,
     add_model_arguments,
     model_from_args,
     positive_float,
@@ -56,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                           "seq1f1b align, attention_backend and memory_budget_gib, the "
                           "tensor-parallel degree folded into align, and the dtype FSDP "
                           "computes in (data_parallel_shard_degree = -1 counts as 1: pass "
-                          "--dtype)")
+                          "--dtype); not its context_parallel_degree: pass --cp")
     job.add_argument("--job-module", metavar="MODULE",
                      help="torchtitan 0.3: the module whose config registry has --job-config "
                           "(default torchtitan_seq1f1b, as torchtitan.train's --module)")
@@ -72,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="segment length multiple (default 1; times the TP degree under "
                           "sequence parallel)")
     run.add_argument("--microbatch-size", type=positive_int, help="default 1")
+    add_context_parallel_arguments(run)
     choice = parser.add_argument_group("what to choose from")
     choice.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=list(PARTITIONS))
     choice.add_argument("--max-segments", type=positive_int, default=16)
@@ -202,6 +205,10 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
         )
     if seq_len % align:
         parser.error(f"--seq-len {seq_len} is not a multiple of --align {align}")
+    try:
+        check_context_parallel(seq_len, align, args.cp)
+    except ValueError as error:
+        parser.error(f"--cp {args.cp}: {error}")
     args.schedule, args.memory_budget_gib = schedule, budget_gib  # as printed and reported
     return AutoPlanRequest(
         shape=shape,
@@ -219,6 +226,9 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
         partitions=tuple(args.partitions),
         segment_counts=tuple(range(1, args.max_segments + 1)),
         refresh=args.recalibrate,
+        context_parallel=args.cp,
+        cp_bytes_per_second=args.cp_bandwidth,
+        cp_latency=args.cp_latency,
     )
 
 
@@ -239,6 +249,8 @@ def _job_settings(args: argparse.Namespace, plan: AutoPlan) -> str:
                if args.job_config else [])
         schedule = [f"--parallelism.pipeline_parallel_schedule {SCHEDULES[args.schedule].layout_of}",
                     f"--seq1f1b.schedule {args.schedule}"]
+        if args.cp > 1:
+            schedule.append(f"--parallelism.context_parallel_degree {args.cp}")
         return "for a torchtitan 0.3 job (torchrun ... -m torchtitan.train ...):\n" + " ".join(
             [*job, *schedule, *pick]
         )
@@ -246,9 +258,10 @@ def _job_settings(args: argparse.Namespace, plan: AutoPlan) -> str:
         cut = f"segment_lengths = {list(best.plan.lengths)}"
     else:
         cut = f'num_segments = {best.num_segments}\npartition = "{best.partition}"'
+    cp = f"context_parallel_degree = {args.cp}\n" if args.cp > 1 else ""
     return (
         "in a torchtitan 0.2.2 job config:\n"
-        f'[parallelism]\npipeline_parallel_schedule = "{args.schedule}"\n\n'
+        f'[parallelism]\npipeline_parallel_schedule = "{args.schedule}"\n{cp}\n'
         f"[seq1f1b]\n{cut}"
     )
 
@@ -285,7 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = plan.recommendation.best
     print(f"time model: {plan.calibration_source}; {plan.time_model.describe()}")
     calibrated = plan.time_model.calibrated_for
-    print(f"measured on {calibrated['device']} in {calibrated['dtype']}\n")
+    print(f"measured on {calibrated['device']} in {calibrated['dtype']}")
+    if args.cp > 1:
+        print(f"context parallel degree {args.cp}: 1/{args.cp} of every segment per rank, K/V "
+              f"all-gathered and reduce-scattered at {args.cp_bandwidth:.3g} bytes/s + "
+              f"{args.cp_latency:g} s per collective")
+    print()
     print(plan.recommendation.table(args.rows))
     print(
         f"\nchosen: k={best.num_segments} {best.partition}, lengths {list(best.plan.lengths)}; "

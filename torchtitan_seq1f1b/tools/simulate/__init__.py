@@ -11,6 +11,7 @@ models, and how the paper's layouts were inferred: docs/simulator.md.
 """
 
 from torchtitan_seq1f1b.tools.simulate.cli import (
+    add_context_parallel_arguments,
     add_model_arguments,
     main,
     model_from_args,
@@ -48,6 +49,7 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "action_duration",
+    "add_context_parallel_arguments",
     "add_model_arguments",
     "analytic_bubble",
     "main",

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from torchtitan_seq1f1b.planner import ContextParallelCost
 from torchtitan_seq1f1b.segmenting import DocumentLengths, TransformerCost
 from torchtitan_seq1f1b.tools.model_shapes import get_preset, MODEL_PRESETS
 from torchtitan_seq1f1b.tools.simulate.config import MemoryModel, PARTITIONS, SimConfig
@@ -21,6 +22,7 @@ from torchtitan_seq1f1b.tools.simulate.tables import (
 )
 
 __all__ = [
+    "add_context_parallel_arguments",
     "add_model_arguments",
     "document_lengths",
     "main",
@@ -106,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"pipeline ranks (default {DEFAULT_SHAPE['pp']})")
     run.add_argument("--tp", type=positive_int, default=1, help="tensor parallel degree")
     run.add_argument("--dp", type=positive_int, default=1, help="data parallel degree")
+    add_context_parallel_arguments(run)
+    run.add_argument("--device-flops", type=positive_float, metavar="FLOP_PER_S",
+                     default=SimConfig.device_flops,
+                     help="FLOP/s one rank achieves, which prices --cp's collectives in "
+                          "forwards (default %(default).0e, an assumption; ignored without --cp)")
     run.add_argument("--microbatches", "-m", type=positive_int,
                      help=f"microbatches per step (default {DEFAULT_SHAPE['microbatches']})")
     run.add_argument("--segments", "-k", type=positive_int, default=4,
@@ -167,6 +174,22 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_help: str) -> Non
         model.add_argument(flag, type=positive_int, help=help_text)
     model.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
                        help="SwiGLU MLP (explicit dims only; default on)")
+
+
+def add_context_parallel_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--cp`` and its collectives' speed (:class:`ContextParallelCost`)."""
+    group.add_argument("--cp", type=positive_int, default=1, metavar="C",
+                       help="context parallel degree inside every segment (default 1): "
+                            "activations per rank divide by C, the gathered K/V store does "
+                            "not; segments are multiples of 2C")
+    group.add_argument("--cp-bandwidth", type=positive_float, metavar="BYTES_PER_S",
+                       default=ContextParallelCost.bytes_per_second,
+                       help="bytes a rank moves per second in the CP all-gather and "
+                            "reduce-scatter (default %(default).0e, an assumption)")
+    group.add_argument("--cp-latency", type=_non_negative_float, metavar="SECONDS",
+                       default=ContextParallelCost.latency,
+                       help="seconds each CP collective costs whatever its size "
+                            "(default %(default)g, an assumption)")
 
 
 def model_from_args(
@@ -240,7 +263,9 @@ def _configs_from_args(
     )
     base = dict(
         model=model, model_name=model_name, seq_len=args.seq_len, pp=args.pp, tp=args.tp,
-        dp=args.dp, microbatches=args.microbatches, segments=args.segments,
+        dp=args.dp, cp=args.cp, cp_bytes_per_second=args.cp_bandwidth,
+        cp_latency=args.cp_latency, device_flops=args.device_flops,
+        microbatches=args.microbatches, segments=args.segments,
         partition=args.partition, p2p_latency=args.p2p_latency, align=args.align,
         backward_split=args.backward_split, memory=memory,
     )

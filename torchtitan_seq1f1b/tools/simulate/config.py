@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from torchtitan_seq1f1b.actions import Order
-from torchtitan_seq1f1b.planner import even_stage_blocks, segment_plan, TimeModel
+from torchtitan_seq1f1b.context_parallel import check_context_parallel, context_parallel_align
+from torchtitan_seq1f1b.planner import (
+    ContextParallelCost,
+    even_stage_blocks,
+    segment_plan,
+    TimeModel,
+)
 from torchtitan_seq1f1b.segmenting import (
     DocumentLengths,
     PackedDocumentsCost,
@@ -67,6 +73,13 @@ class SimConfig:
     ``time_model``: calibrated unit times (:mod:`torchtitan_seq1f1b.planner`);
     with it, actions take their measured seconds (the head on the last stage),
     ``p2p_latency`` is in seconds, and the "time" partition is available.
+    ``cp``: context parallel degree c of every schedule (segment lengths, and
+    ``seq_len``, multiples of 2c): a rank computes and keeps 1/c of every unit
+    and all-gathers (forward) and reduce-scatters (backward) K/V per layer at
+    ``cp_bytes_per_second`` plus ``cp_latency`` seconds per collective
+    (:class:`~torchtitan_seq1f1b.planner.ContextParallelCost`); without a time
+    model ``device_flops``, the FLOP/s one rank achieves, converts those seconds
+    into forwards.
     """
 
     model: TransformerCost
@@ -87,13 +100,17 @@ class SimConfig:
     documents: DocumentLengths | None = None
     documents_name: str = "custom"
     time_model: TimeModel | None = None
+    cp: int = 1
+    cp_bytes_per_second: float = ContextParallelCost.bytes_per_second
+    cp_latency: float = ContextParallelCost.latency
+    device_flops: float = 400e12
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_SPECS:
             raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.v is None:
             object.__setattr__(self, "v", self.spec.min_chunks)
-        for name in ("seq_len", "pp", "microbatches", "segments", "tp", "dp", "v"):
+        for name in ("seq_len", "pp", "microbatches", "segments", "tp", "dp", "v", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive int")
@@ -124,6 +141,14 @@ class SimConfig:
                 f"tp={self.tp} does not divide n_heads={self.model.n_heads}; "
                 "tensor parallelism splits attention heads"
             )
+        if not self.device_flops > 0:
+            raise ValueError(f"device_flops={self.device_flops} must be > 0")
+        try:
+            self.cp_cost  # noqa: B018 - checks the bandwidth and latency
+            if self.cp > 1:  # without CP, plan() names a misaligned seq_len
+                check_context_parallel(self.seq_len, self._align_without_cp, self.cp)
+        except ValueError as error:
+            raise ValueError(f"cp={self.cp} (CLI: --cp, --seq-len): {error}") from None
 
     @property
     def spec(self) -> ScheduleSpec:
@@ -140,11 +165,20 @@ class SimConfig:
         return self.segments if self.spec.segmented else 1
 
     @property
-    def segment_align(self) -> int:
-        """Segments are multiples of tp under sequence parallel (each TP rank gets s/tp)."""
+    def _align_without_cp(self) -> int:
         if self.align is not None:
             return self.align
         return self.tp if self.memory.sequence_parallel else 1
+
+    @property
+    def segment_align(self) -> int:
+        """Segments are multiples of tp under sequence parallel (each TP rank gets s/tp), and
+        of 2 * cp under context parallelism (each CP rank gets two of 2 * cp pieces)."""
+        return context_parallel_align(self._align_without_cp, self.cp)
+
+    @property
+    def cp_cost(self) -> ContextParallelCost:
+        return ContextParallelCost(self.cp, self.cp_bytes_per_second, self.cp_latency)
 
     @cached_property
     def segment_cost(self) -> TransformerCost | PackedDocumentsCost:

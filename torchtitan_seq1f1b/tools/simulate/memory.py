@@ -5,7 +5,7 @@
 
 What counts and why (Megatron's 18 bytes per parameter, Korthikanti's
 per-token activation constants generalised to GQA and SwiGLU, the two K/V
-stores): docs/simulator.md, "Memory model".
+stores, context parallelism): docs/simulator.md, "Memory model".
 """
 
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from torchtitan_seq1f1b.tools.model_shapes import (
 )
 from torchtitan_seq1f1b.tools.simulate.config import SimConfig
 
-__all__ = ["GIB", "RankMemory", "rank_memory"]
+__all__ = ["GIB", "RankMemory", "layer_kv_bytes", "rank_memory"]
 
 GIB = 2**30
 
@@ -53,7 +53,8 @@ class _StageMemory:
         if self._is_last:
             # Untied: the LM head; tied: the last stage's copy of the embedding.
             params += embedding_params(model, cfg.tp) + final_norm_params(model)
-        shards = cfg.dp if cfg.memory.distributed_optimizer else 1
+        # Megatron's and FSDP's optimizer shards span the CP ranks too (dp x cp).
+        shards = cfg.dp * cfg.cp if cfg.memory.distributed_optimizer else 1
         return params * (2 + 4) + -(-params * 12 // shards)
 
     def _per_token_bytes(self) -> float:
@@ -68,7 +69,8 @@ class _StageMemory:
         return replicated / replicated_div + split / cfg.tp
 
     def unit_activation_bytes(self, length: int, end: int) -> float:
-        """Activations a (microbatch, segment) unit keeps on this stage until its backward."""
+        """Activations a (microbatch, segment) unit keeps on this stage until its backward,
+        on one CP rank: its 1/cp share of the queries (and of the score term)."""
         cfg, model, mem = self.config, self._model, self.config.memory
         b = mem.micro_batch_size
         per_layer = self._per_token_bytes() * length * b
@@ -80,14 +82,19 @@ class _StageMemory:
             norm_and_head_inputs = 4 * model.dim / (cfg.tp if mem.sequence_parallel else 1)
             loss_softmax = 4 * padded_vocab(model, cfg.tp) / cfg.tp
             total += (norm_and_head_inputs + loss_softmax) * length * b
-        return total
+        return total / cfg.cp
 
     def kv_row_bytes(self, dtype_bytes: int) -> float:
         """K and V of one token over this stage's blocks, on one TP rank."""
-        model = self._model
-        shards = min(self.config.tp, model.n_kv_heads)
-        per_layer = 2 * model.kv_dim / shards * dtype_bytes
-        return self._layers * per_layer * self.config.memory.micro_batch_size
+        return self._layers * layer_kv_bytes(self.config, dtype_bytes)
+
+
+def layer_kv_bytes(config: SimConfig, dtype_bytes: int = 2) -> float:
+    """K and V bytes of one token position in one block on one TP rank (``micro_batch_size``
+    sequences): what a K/V store row holds, whole (gathered) under CP."""
+    model = config.model
+    shards = min(config.tp, model.n_kv_heads)
+    return 2 * model.kv_dim / shards * dtype_bytes * config.memory.micro_batch_size
 
 
 class RankMemory(NamedTuple):
@@ -138,7 +145,8 @@ def rank_memory(config: SimConfig, plan: SegmentPlan, actions: list[SegmentActio
         s, (i, j) = action.stage, action.unit
         if action.kind == "F":
             live[(s, i, j)] = act[s][j]
-            if k > 1:
+            # CP attention keeps the gathered K/V for backward, also torch's at k = 1.
+            if k > 1 or config.cp > 1:
                 held = plan.seq_len if mem.kv_store == "preallocated" else plan.ends[j]
                 kv[(s, i)] = held * kv_row[s]
             record()

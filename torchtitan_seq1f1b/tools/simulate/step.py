@@ -92,6 +92,7 @@ class SimResult:
                 "pp": cfg.pp,
                 "tp": cfg.tp,
                 "dp": cfg.dp,
+                "cp": cfg.cp,
                 "v": cfg.v,
                 "microbatches": cfg.microbatches,
                 "segments": cfg.num_segments,
@@ -103,6 +104,11 @@ class SimResult:
             "segment_lengths": list(self.segment_lengths),
             "ranks": [asdict(r) for r in self.ranks],
         }
+        if cfg.cp > 1:
+            record["config"].update(
+                cp_bytes_per_second=cfg.cp_bytes_per_second, cp_latency=cfg.cp_latency,
+                device_flops=cfg.device_flops,
+            )
         if cfg.documents is not None:
             record["config"]["documents"] = {
                 "name": cfg.documents_name, "mean": cfg.documents.mean,
@@ -120,7 +126,10 @@ def simulate(config: SimConfig) -> SimResult:
     runtime = config.time_model.runtime if config.time_model else RuntimeOverhead()
 
     def duration(action: SegmentAction) -> float:
-        return unit_duration(action) + runtime.action_seconds(plan.lengths[action.segment])
+        # Hand-offs carry a rank's share of the segment, L / cp tokens.
+        return unit_duration(action) + runtime.action_seconds(
+            plan.lengths[action.segment] // config.cp
+        )
 
     timeline = replay(order, duration, config.p2p_latency)
     per_step = runtime.per_step

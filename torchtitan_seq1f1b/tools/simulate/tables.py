@@ -29,9 +29,12 @@ def print_results(results: list[SimResult]) -> None:
     cfg = results[0].config
     print(
         f"model={cfg.model_name} seq_len={cfg.seq_len} pp={cfg.pp} tp={cfg.tp} dp={cfg.dp} "
-        f"m={cfg.microbatches} partition={cfg.partition} p2p_latency={cfg.p2p_latency} "
+        + (f"cp={cfg.cp} " if cfg.cp > 1 else "")
+        + f"m={cfg.microbatches} partition={cfg.partition} p2p_latency={cfg.p2p_latency} "
         f"backward_split={cfg.backward_split}"
         + (f" documents={cfg.documents_name}" if cfg.documents is not None else "")
+        + (f" cp_bandwidth={cfg.cp_bytes_per_second:.3g} cp_latency={cfg.cp_latency:g} "
+           f"device_flops={cfg.device_flops:.3g}" if cfg.cp > 1 else "")
     )
     width = max(len("schedule"), *(len(r.schedule) for r in results))
     print(f"{'schedule':<{width}} {'v':>2} {'k':>2} {'makespan':>9} {'bubble':>7} "
