@@ -51,6 +51,22 @@ def test_a_failing_calibration_is_a_config_error(monkeypatch):
         plan_segments(AUTO, 64, 1, SHAPE, _job(), log=lambda line: None)
 
 
+def test_a_context_parallel_job_plans_with_its_degree(monkeypatch):
+    """The request carries the CP degree; its lengths are multiples of tp x 2 * cp."""
+    requests = []
+
+    def recording(request):
+        requests.append(request)
+        return planned(request)
+
+    planned = integration_plan.plan_automatically
+    monkeypatch.setattr(integration_plan, "plan_automatically", recording)
+    plan = plan_segments(AUTO, 64, 2, SHAPE, _job(), log=lambda line: None, cp=2)
+    (request,) = requests
+    assert (request.context_parallel, request.align) == (2, 8)
+    assert sum(plan.lengths) == 64 and all(n % 8 == 0 for n in plan.lengths)
+
+
 def _plan_on_rank(rank: int, world_size: int, fail: bool) -> str:
     if fail and rank == 0:
         integration_plan.plan_automatically = _failing_calibration

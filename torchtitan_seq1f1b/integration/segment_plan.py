@@ -213,7 +213,7 @@ def plan_segments(
         if uses_planner(options):
             if job is None:
                 raise ValueError("the planner needs the job's layout (PlannerJob)")
-            return _planned(options, seq_len, align, cost, job, log)
+            return _planned(options, seq_len, align, cost, job, log, cp)
         if options.partition == "uniform":
             return SegmentPlan.uniform(seq_len, options.num_segments, align)
         return SegmentPlan.balanced(seq_len, options.num_segments, cost, align)
@@ -228,6 +228,7 @@ def _planned(
     cost: TransformerCost,
     job: PlannerJob,
     log: Callable[[str], None],
+    cp: int,
 ) -> SegmentPlan:
     """Rank 0 calibrates and chooses; every rank gets its lengths (or its error)."""
     distributed = dist.is_available() and dist.is_initialized()
@@ -244,7 +245,7 @@ def _planned(
     done = f"seq1f1b/planner/{next(_PLANNER_CALLS)}"
     if not distributed or dist.get_rank() == 0:
         try:
-            outcome = [_choose(options, seq_len, align, cost, job, budget)]
+            outcome = [_choose(options, seq_len, align, cost, job, budget, cp)]
         except Exception as error:  # noqa: BLE001 - the other ranks wait for it
             failure = f"the planner failed on rank 0: {type(error).__name__}: {error}"
             outcome = [(None, None, failure)]
@@ -269,6 +270,7 @@ def _choose(
     cost: TransformerCost,
     job: PlannerJob,
     budget: int,
+    cp: int,
 ) -> tuple[tuple[int, ...] | None, str | None, str | None]:
     """(lengths, what to log, None), or (None, None, the error) for every rank to raise."""
     partitions = PARTITIONS if options.partition == "auto" else (options.partition,)
@@ -288,6 +290,7 @@ def _choose(
         budget_bytes=budget,
         partitions=partitions,
         segment_counts=tuple(counts),
+        context_parallel=cp,
     )
     try:
         chosen = plan_automatically(request)
