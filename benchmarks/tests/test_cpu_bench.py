@@ -135,7 +135,7 @@ def test_seq1f1b_k1_runs_the_same_order_as_1f1b(quick_records):
         (["-m", "0"], "argument --microbatches/-m: expected a positive integer, got 0"),
         (["-m", "1"], "1F1B needs microbatches >= pp (1 < 2)"),
         (["--pp", "1"], "--pp 1: a pipeline needs at least 2 ranks"),
-        (["--heads", "3"], "dim=128 is not divisible by n_heads=3"),
+        (["--heads", "3", "--kv-heads", "3"], "dim=128 is not divisible by n_heads=3"),
         (["--auto", "--no-calibrate"], "--auto and --partitions time need the calibration"),
         (["--memory-budget-gib", "1"], "--memory-budget-gib bounds the --auto pick; add --auto"),
         (["--cp", "1"], "argument --cp: expected an integer >= 2, got 1"),

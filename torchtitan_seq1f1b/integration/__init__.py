@@ -9,6 +9,7 @@ upstream experiment (docs/upstream.md) import nothing else of the package.
 
 - :mod:`.options`: the ``[seq1f1b]`` options, one dataclass for every adapter;
 - :mod:`.schedules`: the Seq1F1B schedule names a job selects;
+- :mod:`.context_parallel`: torchtitan's CP handed to a Seq1F1B schedule;
 - :mod:`.segment_plan`: the segment plan the options ask for;
 - :mod:`.document_masks`: torchtitan's ``attention_masks`` as document ids;
 - :mod:`.metrics`, :mod:`.summary`: the figures a job logs and its closing lines;
@@ -40,6 +41,9 @@ TOOLKIT = {
     "TOKENIZER_DIR": "torchtitan_seq1f1b.data",
     "register_datasets": "torchtitan_seq1f1b.data",
     "shared_problems": "torchtitan_seq1f1b.integration.config_problems",
+    "context_group": "torchtitan_seq1f1b.integration.context_parallel",
+    "context_parallel_problems": "torchtitan_seq1f1b.integration.context_parallel",
+    "whole_sequences": "torchtitan_seq1f1b.integration.context_parallel",
     "enable_cpu_training": "torchtitan_seq1f1b.integration.cpu",
     "MASKS_KWARG": "torchtitan_seq1f1b.integration.document_masks",
     "bind_masks_as_documents": "torchtitan_seq1f1b.integration.document_masks",
@@ -54,6 +58,7 @@ TOOLKIT = {
     "Seq1F1BConfigError": "torchtitan_seq1f1b.integration.segment_plan",
     "plan_segments": "torchtitan_seq1f1b.integration.segment_plan",
     "planner_problems": "torchtitan_seq1f1b.integration.segment_plan",
+    "sequence_shards": "torchtitan_seq1f1b.integration.segment_plan",
     "uses_planner": "torchtitan_seq1f1b.integration.segment_plan",
     "JobFacts": "torchtitan_seq1f1b.integration.summary",
     "run_summary": "torchtitan_seq1f1b.integration.summary",
