@@ -135,6 +135,9 @@ class SegmentAwareAttention(nn.Module):
         # attention attends to views of the K/V buffers, which autograd then saves: the
         # op saves the segment's own k and v besides. Sinks need the op's backward,
         # sliding windows its store of window tails.
+        if torch.compiler.is_compiling() and self.backend.runs_as_op():
+            # Decided before reading the store: a guard on it would recompile every block.
+            return segment_attention(q, k, v, self.handle, scale, sinks)[0]
         running = self.kv_store.running if self.kv_store is not None else None
         context_parallel = running is not None and running.context is not None
         needs_op = sinks is not None or self.window_left is not None or context_parallel
@@ -143,7 +146,7 @@ class SegmentAwareAttention(nn.Module):
                 f"attention sinks, sliding windows and context parallelism need a backend "
                 f"the registered op runs; {self.backend.name!r} is not one"
             )
-        if needs_op or (torch.compiler.is_compiling() and self.backend.runs_as_op()):
+        if needs_op:
             return segment_attention(q, k, v, self.handle, scale, sinks)[0]
         raise_if_unmet(self.backend, KernelTarget.of(q))
         store = self.kv_store
