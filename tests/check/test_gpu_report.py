@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchtitan_seq1f1b._torch_compat import TORCH_RELEASE
 from torchtitan_seq1f1b.check import Result, Task
 from torchtitan_seq1f1b.check.__main__ import main
 from torchtitan_seq1f1b.check.distributed import (
@@ -53,6 +54,11 @@ def _multi_gpu_rows() -> dict[str, str]:
     return rows | {name: "needs 4 GPUs" for name in context_parallel_names(cpu)}
 
 
+# The GPU machines lent here run torch 2.11 (.ci/gpu-image.txt): CI rehearses the whole
+# report in that image; later releases run each section's own tests.
+@pytest.mark.skipif(
+    TORCH_RELEASE > (2, 12), reason="rehearsed on torch 2.11-2.12, which GPU machines run"
+)
 def test_the_report_runs_every_section_and_skips_the_multi_gpu_checks(tmp_path):
     result, report = _gpu_report(tmp_path)
     assert report["finished"] and report["counts"]["fail"] == 0 and report["counts"]["pass"] > 0

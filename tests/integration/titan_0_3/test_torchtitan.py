@@ -163,21 +163,6 @@ def test_tp_pp_matches_tp(run, tp_unpipelined):
     assert_same_training(seq1f1b, tp_unpipelined)
 
 
-# ---- context parallelism: CP = 2 x PP = 2 on 4 ranks ------------------------------
-
-def test_context_parallel_split_backward_matches_unpipelined(run, unpipelined):
-    """Each rank holds two head-tail pieces of every segment, on 41-token documents
-    whose borders fall inside segments and pieces; FSDP shards over the CP ranks. The
-    split backward reduce-scatters dK/dV, and a full recompute finds the gathered K/V in
-    the store (Seq1F1B itself runs CP on deepseek_v3, test_models.py)."""
-    seq1f1b = run(
-        4, "--parallelism.context_parallel_degree", "2", *seq1f1b_args("Seq1F1BZeroBubble"),
-        "--seq1f1b.num_segments", "3", "activation_checkpoint:full", name="cp_zero_bubble",
-    )
-    assert "x 3 segments" in seq1f1b.output and "context parallel 2 per segment" in seq1f1b.output
-    assert_same_training(seq1f1b, unpipelined)
-
-
 # Segments blind to earlier ones move the losses far more than these (the float64
 # grids' negative controls catch them at 1e-10).
 @pytest.mark.parametrize("broken", ["normalizer", "document_mask"])
