@@ -70,26 +70,28 @@ def missing_torchtitan() -> str:
     return "" if titan_release() else "needs torchtitan (not installed)"
 
 
+def _case(
+    device: torch.device, schedule: str, mode: str, lengths: tuple[int, ...], compile: bool = False
+) -> Case:
+    return Case(
+        n_microbatches=3,
+        lengths=lengths,
+        n_kv_heads=2,
+        activation_checkpoint=mode,
+        schedule=schedule,
+        stages_per_rank=STAGES_PER_RANK[schedule],
+        device=device.type,
+        # CUDA runs backward on its device thread itself.
+        device_thread=device.type == "cpu",
+        compile=compile,
+    )
+
+
 def _cases(device: torch.device) -> list[Case]:
     """Every schedule x checkpointing mode; on CUDA also compiled blocks under the
     schedules compile supports (:data:`COMPILED_SCHEDULES`)."""
-
-    def case(schedule: str, mode: str, compile: bool = False) -> Case:
-        return Case(
-            n_microbatches=3,
-            lengths=(5, 3, 4),
-            n_kv_heads=2,
-            activation_checkpoint=mode,
-            schedule=schedule,
-            stages_per_rank=STAGES_PER_RANK[schedule],
-            device=device.type,
-            # CUDA runs backward on its device thread itself.
-            device_thread=device.type == "cpu",
-            compile=compile,
-        )
-
     eager = [
-        case(schedule, mode)
+        _case(device, schedule, mode, (5, 3, 4))
         for schedule in STAGES_PER_RANK
         for mode in ACTIVATION_CHECKPOINT_MODES
         # Op-level checkpointing allows one backward per region; a split backward runs two.
@@ -98,7 +100,7 @@ def _cases(device: torch.device) -> list[Case]:
     if device.type != "cuda":  # on CPU the test suite runs the compiled grid
         return eager
     return eager + [
-        case(schedule, mode, compile=True)
+        _case(device, schedule, mode, (5, 3, 4), compile=True)
         for schedule in COMPILED_SCHEDULES
         for mode in ("full", "selective_op")
     ]
@@ -108,16 +110,7 @@ def _context_parallel_cases(device: torch.device) -> list[Case]:
     """Every schedule with and without checkpointing, on segment lengths CP can cut
     (multiples of ``2 * CP_DEGREE``)."""
     return [
-        Case(
-            n_microbatches=3,
-            lengths=(8, 4, 12),
-            n_kv_heads=2,
-            activation_checkpoint=mode,
-            schedule=schedule,
-            stages_per_rank=STAGES_PER_RANK[schedule],
-            device=device.type,
-            device_thread=device.type == "cpu",
-        )
+        _case(device, schedule, mode, (8, 4, 12))
         for schedule in STAGES_PER_RANK
         for mode in CP_CHECKPOINT_MODES
     ]
