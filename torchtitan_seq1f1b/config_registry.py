@@ -10,8 +10,11 @@ torchtitan's model registries as a Seq1F1B job
 """
 
 from torchtitan_seq1f1b.integration.titan_0_3 import config_registry as _adapter
-from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+from torchtitan_seq1f1b.integration.titan_0_3.config_registry import (
+    seq1f1b_debug,
+    seq1f1b_llama3_8b_128k,
+)
 
-__all__ = ["seq1f1b_debug"]
+__all__ = ["seq1f1b_debug", "seq1f1b_llama3_8b_128k"]
 
 __getattr__ = _adapter.__getattr__

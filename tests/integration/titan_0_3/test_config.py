@@ -18,10 +18,7 @@ from torchtitan.tools import utils
 
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
-from torchtitan_seq1f1b.integration.titan_0_3.config_registry import (
-    seq1f1b_debug,
-    seq1f1b_llama3_8b_128k,
-)
+from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_job
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
@@ -219,8 +216,11 @@ def test_context_parallel_plans_align_to_its_pieces(monkeypatch):
 
 
 def test_the_128k_context_parallel_config_passes_its_checks(tmp_path):
-    config = seq1f1b_llama3_8b_128k()
-    config.hf_assets_path = str(tmp_path)  # where a GPU node keeps the tokenizer
+    """As ``--config`` names it; its tokenizer is where a GPU node keeps it."""
+    config = ConfigManager().parse_args([
+        "--module", "torchtitan_seq1f1b", "--config", "seq1f1b_llama3_8b_128k",
+        "--hf_assets_path", str(tmp_path),
+    ])
     check_config(config)
     parallelism = config.parallelism
     assert (parallelism.pipeline_parallel_degree, parallelism.context_parallel_degree) == (4, 2)
