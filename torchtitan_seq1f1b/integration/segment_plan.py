@@ -39,6 +39,7 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 __all__ = [
     "PlannerJob",
     "Seq1F1BConfigError",
+    "plan_align",
     "plan_segments",
     "planner_problems",
     "sequence_shards",
@@ -165,6 +166,13 @@ def sequence_shards(tp: int, cp: int) -> int:
     parallelism (each CP rank holds two head-tail pieces), as torchtitan asks of
     ``training.seq_len``."""
     return tp * (2 * cp if cp > 1 else 1)
+
+
+def plan_align(options: Seq1F1BOptions, seq_len: int, tp: int, cp: int, on_cuda: bool) -> int:
+    """What every segment length of the job is a multiple of: ``seq1f1b.align``
+    (:meth:`Seq1F1BOptions.segment_align`) and :func:`sequence_shards`. Raises ValueError
+    on a bad ``align``."""
+    return math.lcm(options.segment_align(1, seq_len, on_cuda), sequence_shards(tp, cp))
 
 
 def plan_segments(

@@ -62,6 +62,19 @@ def test_tensor_parallel_degree_is_folded_into_align(tmp_path):
     assert request.align == 6
 
 
+def test_context_parallel_degree_is_read_and_folded_into_align(tmp_path):
+    """TP = 2 x CP = 2 shards every segment into tp x 2c = 8 pieces; --cp overrides."""
+    config = tmp_path / "tp_cp.toml"
+    config.write_text(DEBUG_CONFIG.read_text().replace(
+        "tensor_parallel_degree = 1", "tensor_parallel_degree = 2\ncontext_parallel_degree = 2"
+    ))
+    parser = cli._parser()
+    request = cli._request(parser, parser.parse_args(["--job-config", str(config)]))
+    assert request.context_parallel == 2 and request.align == 8
+    request = cli._request(parser, parser.parse_args(["--job-config", str(config), "--cp", "1"]))
+    assert request.context_parallel == 1 and request.align == 2
+
+
 def test_plans_the_job_end_to_end(tmp_path, capsys):
     path = tmp_path / "plans.json"
     assert cli.main(["--job-config", str(DEBUG_CONFIG), "--threads", "1", "--max-segments", "4",

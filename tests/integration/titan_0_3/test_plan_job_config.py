@@ -44,6 +44,14 @@ def test_options_override_the_job_config():
     assert request.budget_bytes == 2 * 2**30 and request.dtype == torch.bfloat16
 
 
+def test_the_context_parallel_degree_is_the_jobs_as_cp_overrides_it():
+    """--cp sets the job's parallelism.context_parallel_degree, read back from the job
+    config; every segment is cut into 2c pieces."""
+    assert _request().context_parallel == 1
+    request = _request("--cp", "2")
+    assert request.context_parallel == 2 and request.align == 4
+
+
 def test_plans_the_job_end_to_end_and_prints_its_flags(tmp_path, capsys):
     path = tmp_path / "plans.json"
     assert cli.main(["--job-config", "seq1f1b_debug", "--job-module", "torchtitan_seq1f1b",

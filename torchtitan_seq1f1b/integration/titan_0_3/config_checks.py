@@ -10,7 +10,6 @@ the device and the parameter dtype, is checked by the pipelining function
 (:func:`check_attention_backend`), still before any pipeline message.
 """
 
-import math
 
 import torch
 
@@ -25,8 +24,8 @@ from torchtitan_seq1f1b.attention import check_backend, KernelTarget
 from torchtitan_seq1f1b.integration.config_problems import shared_problems
 from torchtitan_seq1f1b.integration.context_parallel import context_parallel_problems
 from torchtitan_seq1f1b.integration.segment_plan import (
+    plan_align,
     planner_problems,
-    sequence_shards,
     Seq1F1BConfigError,
     uses_planner,
 )
@@ -183,18 +182,17 @@ def _planned_chunked_loss_problems(config: Trainer.Config) -> list[str]:
     loss, options, parallelism = config.loss, config.seq1f1b, config.parallelism
     if not isinstance(loss, ChunkedLossWrapper.Config):
         return []
-    shards = sequence_shards(
-        parallelism.tensor_parallel_degree, parallelism.context_parallel_degree
+    align = plan_align(
+        options, config.training.seq_len, parallelism.tensor_parallel_degree,
+        parallelism.context_parallel_degree, torch.cuda.is_available(),
     )
-    chosen = options.segment_align(1, config.training.seq_len, torch.cuda.is_available())
-    align = math.lcm(chosen, shards)
     if align % loss.num_chunks == 0:
         return []
     return [
         f"loss.num_chunks={loss.num_chunks} must divide every segment length (the chunked "
         f"loss cuts each segment's output), but seq1f1b.num_segments={options.num_segments!r} / "
         f"partition={options.partition!r} let the planner choose lengths that are only "
-        f"multiples of {align} (seq1f1b.align={chosen} x tp x 2 * cp); raise seq1f1b.align to a "
+        f"multiples of {align} (seq1f1b.align x tp x 2 * cp); raise seq1f1b.align to a "
         f"multiple of {loss.num_chunks}, or lower loss.num_chunks"
     ]
 

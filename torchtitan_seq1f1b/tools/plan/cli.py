@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                           "seq1f1b align, attention_backend and memory_budget_gib, the "
                           "tensor-parallel degree folded into align, and the dtype FSDP "
                           "computes in (data_parallel_shard_degree = -1 counts as 1: pass "
-                          "--dtype); not its context_parallel_degree: pass --cp")
+                          "--dtype), and context_parallel_degree")
     job.add_argument("--job-module", metavar="MODULE",
                      help="torchtitan 0.3: the module whose config registry has --job-config "
                           "(default torchtitan_seq1f1b, as torchtitan.train's --module)")
@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="segment length multiple (default 1; times the TP degree under "
                           "sequence parallel)")
     run.add_argument("--microbatch-size", type=positive_int, help="default 1")
-    add_context_parallel_arguments(run)
+    add_context_parallel_arguments(run, default=None, default_text="the job's, else 1")
     choice = parser.add_argument_group("what to choose from")
     choice.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=list(PARTITIONS))
     choice.add_argument("--max-segments", type=positive_int, default=16)
@@ -130,6 +130,7 @@ def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Jo
             ("parallelism.pipeline_parallel_microbatch_size", args.microbatch_size),
             ("seq1f1b.align", args.align),
             ("seq1f1b.attention_backend", args.attention_backend),
+            ("parallelism.context_parallel_degree", args.cp),
         )
         if value is not None
     ]
@@ -171,6 +172,7 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
         attention_backend = layout.attention_backend
         budget_gib = args.memory_budget_gib or layout.memory_budget_gib
         dtype = _DTYPES[args.dtype] if args.dtype else layout.dtype
+        args.cp = layout.context_parallel
     else:
         if found is None:
             parser.error(
@@ -187,6 +189,7 @@ def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AutoP
         align, microbatch_size = args.align or 1, args.microbatch_size or 1
         attention_backend = args.attention_backend or "auto"
         budget_gib = args.memory_budget_gib
+        args.cp = args.cp or 1
         dtype = _DTYPES[args.dtype] if args.dtype else (
             torch.bfloat16 if device.type == "cuda" else torch.float32
         )

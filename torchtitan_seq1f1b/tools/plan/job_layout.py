@@ -24,11 +24,12 @@ class JobLayout:
         stages_per_rank: stages on every pipeline rank, as the job would split them.
         microbatches: ``training.local_batch_size`` over the microbatch size.
         microbatch_size: ``parallelism.pipeline_parallel_microbatch_size``.
-        align: every segment length is a multiple of it:
-            ``lcm(seq1f1b.align, tensor_parallel_degree)``, as the job cuts.
+        align: every segment length is a multiple of it, as the job cuts: ``seq1f1b.align``
+            and the sequence shards of TP and CP (:func:`plan_align`).
         attention_backend: ``seq1f1b.attention_backend``.
         memory_budget_gib: ``seq1f1b.memory_budget_gib``.
         dtype: the dtype activations are computed in.
+        context_parallel: ``parallelism.context_parallel_degree``.
     """
 
     shape: TransformerCost
@@ -42,6 +43,7 @@ class JobLayout:
     attention_backend: str
     memory_budget_gib: float | None
     dtype: torch.dtype
+    context_parallel: int
 
 
 def parallel_degrees(parallelism) -> dict[str, int]:

@@ -20,7 +20,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
 from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout, parallel_degrees
-from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.segment_plan import plan_align, Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_2.pipeline import (
     attention_target,
@@ -79,10 +79,12 @@ def read_job_layout(
         microbatches=job_config.training.local_batch_size
         // parallelism.pipeline_parallel_microbatch_size,
         microbatch_size=parallelism.pipeline_parallel_microbatch_size,
-        align=options.segment_align(
-            parallelism.tensor_parallel_degree, job_config.training.seq_len, device.type == "cuda"
+        align=plan_align(
+            options, job_config.training.seq_len, parallel_dims.tp, parallel_dims.cp,
+            device.type == "cuda",
         ),
         attention_backend=options.attention_backend,
         memory_budget_gib=options.memory_budget_gib,
         dtype=attention_target(job_config, parallel_dims, model_args, device).dtype,
+        context_parallel=parallel_dims.cp,
     )

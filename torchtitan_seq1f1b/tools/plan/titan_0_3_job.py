@@ -18,7 +18,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
 
-from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.segment_plan import plan_align, Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     check_attention_backend,
@@ -91,10 +91,11 @@ def read_job_layout(
         stages_per_rank=num_stages // parallel_dims.pp,
         microbatches=training.local_batch_size // parallelism.pipeline_parallel_microbatch_size,
         microbatch_size=parallelism.pipeline_parallel_microbatch_size,
-        align=options.segment_align(
-            parallelism.tensor_parallel_degree, training.seq_len, device.type == "cuda"
+        align=plan_align(
+            options, training.seq_len, parallel_dims.tp, parallel_dims.cp, device.type == "cuda"
         ),
         attention_backend=options.attention_backend,
         memory_budget_gib=options.memory_budget_gib,
         dtype=compute_dtype(training, parallel_dims),
+        context_parallel=parallel_dims.cp,
     )

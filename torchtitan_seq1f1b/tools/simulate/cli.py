@@ -176,12 +176,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_help: str) -> Non
                        help="SwiGLU MLP (explicit dims only; default on)")
 
 
-def add_context_parallel_arguments(group: argparse._ArgumentGroup) -> None:
+def add_context_parallel_arguments(
+    group: argparse._ArgumentGroup, default: int | None = 1, default_text: str = "1"
+) -> None:
     """``--cp`` and its collectives' speed (:class:`ContextParallelCost`)."""
-    group.add_argument("--cp", type=positive_int, default=1, metavar="C",
-                       help="context parallel degree inside every segment (default 1): "
-                            "activations per rank divide by C, the gathered K/V store does "
-                            "not; segments are multiples of 2C")
+    group.add_argument("--cp", type=positive_int, default=default, metavar="C",
+                       help=f"context parallel degree inside every segment (default "
+                            f"{default_text}): activations per rank divide by C, the gathered "
+                            "K/V store does not; segments are multiples of 2C")
     group.add_argument("--cp-bandwidth", type=positive_float, metavar="BYTES_PER_S",
                        default=ContextParallelCost.bytes_per_second,
                        help="bytes a rank moves per second in the CP all-gather and "
