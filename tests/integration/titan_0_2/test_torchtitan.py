@@ -186,8 +186,13 @@ def test_tolerance_catches_broken_seq1f1b(run, unpipelined):
         assert_same_training(seq1f1b, unpipelined)
 
 
-def test_tp_pp_matches_tp(run, tp_unpipelined):
-    seq1f1b = run(4, "--parallelism.tensor_parallel_degree", "2")
+def test_tp_cp_pp_matches_tp(run, tp_unpipelined):
+    """TP = 2 x CP = 2 x PP = 2 (8 ranks): segments cut into multiples of tp x 2c, each
+    CP piece sequence-parallel over the TP ranks."""
+    seq1f1b = run(
+        8, "--parallelism.tensor_parallel_degree", "2", "--parallelism.context_parallel_degree", "2"
+    )
+    assert "context parallel 2 per segment" in seq1f1b.output
     assert_same_training(seq1f1b, tp_unpipelined)
 
 
