@@ -66,11 +66,11 @@ def _calibration_cache(tmp_path_factory):
 # stack deselects them (``-m "not main_stack_only"``). Per path prefix, the node ids:
 # arithmetic torch does not run (segment plans, the simulator, the tools); attention
 # numerics on the exact path and the kernels' CPU stand-ins; context parallelism's core
-# (torchtitan 0.3 runs it end to end); the check command's
-# failure modes (its CPU run and gloo pipeline stay) and the GPU report (which the torch 2.11
-# stack rehearses); bf16 error bounds; the pp=4 twins of
-# the float64 grids and the order grids validated through torch's lowering (both stacks
-# run them at pp=2 and torch's own orders). The torch 2.15 stack keeps what torch
+# (torchtitan 0.3 runs it end to end); the check command (its gloo pipeline stays) and
+# the GPU report (which the torch 2.11 stack rehearses); bf16 error bounds; the pp=4 twins
+# of the float64 grids and the order grids validated through torch's lowering (both stacks
+# run them at pp=2 and torch's own orders); the compiled float64 grid (torch 2.15 compiles
+# torchtitan 0.3 jobs and the attention op). The torch 2.15 stack keeps what torch
 # releases change: the pipelining runtime, compile, checkpointing, pre-split inputs.
 # test_documented_commands.py marks its commands that are not torchtitan 0.3 jobs.
 MAIN_STACK_ONLY = {
@@ -83,10 +83,12 @@ MAIN_STACK_ONLY = {
         "test_kernel_pipelines.py", "test_newer_flash.py",
     ),
     "tests/check/test_check.py": (
-        "test_without_cuda", "test_stack_check_", "test_kernel_", "test_gpu_tests_", "test_perf_",
+        "test_cpu_check_", "test_without_cuda", "test_stack_check_", "test_kernel_",
+        "test_gpu_tests_", "test_perf_",
     ),
     "tests/check/test_gpu_report.py": ("",),
     "tests/schedules/test_bf16.py": ("",),
+    "tests/schedules/test_compiled_exactness.py": ("",),
     "tests/orders/test_orders.py": ("test_every_",),
     "tests/schedules/test_exactness.py": ("[pp4-",),
     "tests/schedules/test_variants_exactness.py": ("-pp4]",),
