@@ -28,6 +28,11 @@ buffer and added to those segments' own dK/dV when their backward runs
 A sliding-window layer (``window_left`` set) keeps less: per later segment,
 only the keys before it that its window reaches, and a gradient bank of as
 many positions (:class:`_WindowTails`).
+
+A layer that carries state of its own across segments (GatedDeltaNet's conv
+tail and recurrent state, :mod:`torchtitan_seq1f1b.linear_attention.carry`)
+keeps it here too, per (layer, microbatch), with the same lifetime
+(:meth:`KVStore.layer_state`).
 """
 
 import contextlib
@@ -238,10 +243,12 @@ class _AttachToPrefix(torch.autograd.Function):
 
 
 class KVStore:
-    """K/V prefixes of one pipeline stage, keyed by (attention layer, microbatch)."""
+    """K/V prefixes of one pipeline stage, keyed by (attention layer, microbatch), and the
+    per-microbatch state of layers that carry their own (:meth:`layer_state`)."""
 
     def __init__(self):
-        self._buffers: dict[tuple[nn.Module, int], _PrefixBuffers | _WindowTails] = {}
+        # Attention layers' K/V; other layers' own per-microbatch state (layer_state).
+        self._buffers: dict[tuple[nn.Module, int], object] = {}
         self.peak_bytes = 0
         self.running: RunningUnit | None = None
 
@@ -302,6 +309,14 @@ class KVStore:
 
         return keys, values, bank, self.running.kernel_documents
 
+    def layer_state(self, layer: nn.Module, create: Callable[[], object], like: torch.Tensor):
+        """The running microbatch's state of a layer that keeps its own (a linear-attention
+        layer's carries), made by ``create`` for its segment 0 and freed with the
+        microbatch's K/V. like: (batch, segment_len, ...), checked to be the running
+        segment's tokens."""
+        self._checked_running(like)
+        return self._layer_buffers(layer, create)
+
     def holds(self, layer: nn.Module) -> bool:
         """Whether ``layer``'s buffers hold the running segment's K/V: it ran forward
         before (a checkpoint recomputes it), so its K/V need not be gathered again."""
@@ -348,7 +363,7 @@ class KVStore:
         if k is not None and k.shape[1] != plan.lengths[segment]:
             raise ValueError(
                 f"segment {segment} of {plan} has {plan.lengths[segment]} tokens but "
-                f"attention received {k.shape[1]}; inputs must be cut with this plan"
+                f"a layer received {k.shape[1]}; inputs must be cut with this plan"
             )
         return running
 
@@ -359,7 +374,7 @@ class KVStore:
         if buffers is None:
             if segment != 0:
                 raise RuntimeError(
-                    f"K/V of microbatch {microbatch} were freed before segment "
+                    f"K/V (or state) of microbatch {microbatch} were freed before segment "
                     f"{segment} ran; segments must run in order"
                 )
             buffers = self._buffers[layer, microbatch] = create()
