@@ -148,9 +148,10 @@ class _WindowTails:
     Segment j attends the keys ``[key_start_j, end_j)``: its tail ``[key_start_j,
     start_j)``, at most ``window_left`` positions copied when segment j - 1 ran, then
     its own K/V, which the registered op saves. So a layer keeps per microbatch
-    one tail per segment instead of the whole sequence; each goes when its
-    segment's backward has run. Tail gradients are banked for the earlier
-    segments' backward, again at most ``window_left`` positions.
+    one tail per segment instead of the whole sequence, until the microbatch is
+    freed: under checkpointing a weight-gradient step recomputes the segment's
+    forward after its input-gradient step. Tail gradients are banked for the
+    earlier segments' backward, again at most ``window_left`` positions.
     """
 
     def __init__(self):
@@ -189,7 +190,6 @@ class _WindowTails:
         grad_k/grad_v: (batch, end - key_start, n_kv_heads, head_dim), gradients of
         the keys ``[key_start, end)`` segment ``segment`` (from ``start``) attended.
         """
-        self.tails.pop(segment, None)
         own, lo = start - key_start, self.bank_start - key_start
         kept = []
         for grad, banked in zip((grad_k, grad_v), self.bank or (None, None)):

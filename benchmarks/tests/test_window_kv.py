@@ -8,13 +8,13 @@ from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 
 def test_store_peak_counts_tails_and_bank():
-    """4 segments of 32, window of 9 keys: 3 tails of 8 positions (bf16); in the last
-    segment's backward its tail gives way to an fp32 bank of 8. Without a window: the
-    sequence and a bank of 96."""
+    """4 segments of 32, window of 9 keys: 3 tails of 8 positions (bf16), kept until the
+    microbatch is freed, and from the last segment's backward an fp32 bank of 8. Without a
+    window: the sequence and a bank of 96."""
     plan = SegmentPlan.uniform(128, 4)
     position = 2 * 3 * 4  # k and v of one position: 3 heads x 4, per byte of element
     windowed, window_keys = store_peak(plan, 9, 3, 4, torch.bfloat16)
-    assert windowed == 2 * 8 * position * 2 + 8 * position * 4
+    assert windowed == 3 * 8 * position * 2 + 8 * position * 4
     assert window_keys == 32 + 3 * (32 + 8)
     full, full_keys = store_peak(plan, None, 3, 4, torch.bfloat16)
     assert full == 128 * position * 2 + 96 * position * 4

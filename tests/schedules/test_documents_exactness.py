@@ -141,11 +141,16 @@ WINDOW_CASES = [
          activation_checkpoint="full"),
     Case(3, PLANS["uneven"], documents=LAYOUTS["crossing"], n_kv_heads=2, window_left=5,
          activation_checkpoint="selective_op", schedule="InterleavedSeq1F1B", stages_per_rank=2),
+    # A weight-gradient step recomputes the checkpointed forward after the input-gradient
+    # step: the tail must still be there.
+    Case(2, PLANS["uneven"], n_kv_heads=2, window_left=5, activation_checkpoint="full",
+         schedule="Seq1F1BZeroBubble"),
 ]
 
 
 @pytest.mark.parametrize(
-    "case", WINDOW_CASES, ids=["Seq1F1B-causal", "Seq1F1B-crossing-ac_full", "Interleaved-crossing"]
+    "case", WINDOW_CASES,
+    ids=["Seq1F1B-causal", "Seq1F1B-crossing-ac_full", "Interleaved-crossing", "ZB-H1-ac_full"],
 )
 def test_sliding_windows_match_the_banded_reference_and_keep_less(pipeline_runs, case):
     ranks = pipeline_runs[case]
