@@ -9,7 +9,9 @@ holds ``(p + k - 1) / k`` microbatches of activations instead of 1F1B's ``p``,
 and the bubble shrinks from ``(p-1)/(m+p-1)`` to ``(p-1)/(m*k+p-1)``.
 Gradients equal those of unsplit training: attention layers wrapped in
 :class:`~torchtitan_seq1f1b.attention.SegmentAwareAttention` see every earlier
-segment of their microbatch.
+segment of their microbatch, and linear-attention layers
+(:class:`~torchtitan_seq1f1b.linear_attention.SegmentAwareGatedDeltaNet`)
+continue from its state.
 
 torch's runtime sees unit (i, j) as its microbatch (chunk id) ``i*k + j``, so
 its lowering passes, send/receive machinery and FSDP hooks run unchanged;
@@ -305,7 +307,7 @@ class ScheduleSeq1F1B(PipelineRuntime):
         for stage in self._stages:
             store = self.kv_stores[stage.stage_index]
             store.clear()
-            # Every step, so attention wrapped after construction is bound too.
+            # Every step, so layers wrapped after construction are bound too.
             bind_attention(stage.submod, store)
 
         documents = None

@@ -15,16 +15,12 @@ from torch.utils.checkpoint import checkpoint
 
 from torchtitan_seq1f1b._torch_compat import stage_backward_input, stage_backward_weight
 from torchtitan_seq1f1b.actions import Unit
-from torchtitan_seq1f1b.attention import bind_documents
+from torchtitan_seq1f1b.attention import bind_attention, bind_documents
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.check.segmented import SegmentedRun
 from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
-from torchtitan_seq1f1b.linear_attention import (
-    bind_linear_attention,
-    GatedDeltaNetConfig,
-    SegmentAwareGatedDeltaNet,
-)
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig, SegmentAwareGatedDeltaNet
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
 F64 = torch.float64
@@ -117,7 +113,7 @@ def _result(layer: nn.Module, out: torch.Tensor, grad_x: torch.Tensor) -> Result
 def unsplit(layer: SegmentAwareGatedDeltaNet, x, grad_out, ids=None) -> Result:
     """The layer on whole rows (with ``ids``' packed documents)."""
     layer.zero_grad(set_to_none=True)
-    bind_linear_attention(layer, bind_documents(layer, ids))
+    bind_documents(layer, ids)
     leaf = x.clone().requires_grad_()
     out = layer(leaf)
     out.backward(grad_out)
@@ -151,10 +147,9 @@ def segmented(
     with backward_on_fresh_thread():
         if not split:
             run = SegmentedRun(fn, [x], plan, store, document_ids=ids)
-            bind_linear_attention(layer, store)
             out, (grad_x,) = run.run(grad_out)
             return _result(layer, out, grad_x)
-        bind_linear_attention(layer, store)
+        bind_attention(layer, store)
         documents = None if ids is None else MicrobatchDocuments(ids, plan)
         units = [RunningUnit(Unit(0, j), plan, documents) for j in range(plan.num_segments)]
         leaves, outs, groups = [], [], {}

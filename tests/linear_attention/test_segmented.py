@@ -17,8 +17,9 @@ every segment must fail.
 import pytest
 
 from torchtitan_seq1f1b.actions import Unit
+from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
-from torchtitan_seq1f1b.linear_attention import bind_linear_attention, ops
+from torchtitan_seq1f1b.linear_attention import ops
 from torchtitan_seq1f1b.linear_attention.carry import Carry, LayerCarries
 
 from tests.linear_attention.gdn_runs import (
@@ -136,7 +137,7 @@ def test_segments_out_of_order_raise():
     """A segment's forward before its predecessor's, or its backward before its
     successor's, raises instead of starting from zeros."""
     layer, store = make_layer(), KVStore()
-    bind_linear_attention(layer, store)
+    bind_attention(layer, store)
     plan = PLANS["k2"]
     x, _ = layer_inputs()
     with store.running_unit(RunningUnit(Unit(0, 1), plan)), pytest.raises(RuntimeError, match="in order"):

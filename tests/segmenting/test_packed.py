@@ -75,17 +75,21 @@ def test_from_keys_caps_a_sliding_window_layers_keys():
         assert cost.attention_flops(end - start, end) == round((full * pairs + in_window * capped) / 4)
 
 
+# 24 of its 32 layers linear attention (qwen3_5's pattern), which documents do not change.
+@pytest.mark.parametrize(
+    "model", [LLAMA3_8B, dataclasses.replace(LLAMA3_8B, linear_layers=24)], ids=["softmax", "linear"]
+)
 @pytest.mark.parametrize("k,align", [(2, 1), (4, 1), (4, 128), (7, 64), (8, 8)])
-def test_one_document_is_dense_causal(k, align):
+def test_one_document_is_dense_causal(k, align, model):
     seq_len = 32768
     ids = torch.full((3, seq_len), 5)
-    cost = PackedDocumentsCost.from_keys(LLAMA3_8B, keys_per_query(ids))
+    cost = PackedDocumentsCost.from_keys(model, keys_per_query(ids))
     for length, end in [(1, 1), (6215, 32768), (777, 1000), (32768, 32768)]:
-        assert cost.forward_flops(length, end) == LLAMA3_8B.forward_flops(length, end)
-    expected = SegmentPlan.balanced(seq_len, k, LLAMA3_8B, align)
+        assert cost.forward_flops(length, end) == model.forward_flops(length, end)
+    expected = SegmentPlan.balanced(seq_len, k, model, align)
     assert SegmentPlan.balanced(seq_len, k, cost, align) == expected
     # A document far longer than the window is the same limit from the distribution side.
-    endless = PackedDocumentsCost.expected(LLAMA3_8B, DocumentLengths.fixed(10**13), seq_len)
+    endless = PackedDocumentsCost.expected(model, DocumentLengths.fixed(10**13), seq_len)
     assert SegmentPlan.balanced(seq_len, k, endless, align) == expected
 
 

@@ -1,6 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
+import dataclasses
 import functools
 import random
 import subprocess
@@ -21,6 +22,8 @@ LLAMA3_8B = TransformerCost(
     n_layers=32, dim=4096, n_heads=32, n_kv_heads=8,
     ffn_hidden_dim=14336, vocab_size=128256, gated_mlp=True,
 )
+# Its shape in qwen3_5's layer pattern: 3 of every 4 layers GatedDeltaNet.
+LINEAR_8B = dataclasses.replace(LLAMA3_8B, linear_layers=24)
 
 
 def spread(plan, cost):
@@ -86,7 +89,46 @@ def test_sliding_window_layers_count_only_the_keys_inside_the_window():
         TransformerCost(**shape, window_layers=1)
 
 
-@pytest.mark.parametrize("cost", [PAPER_7B, LLAMA3_8B])
+def test_linear_attention_layers_cost_per_token_not_per_key():
+    """qwen3_5-like: 3 of 4 layers update a (d, d_v) state per token and head instead
+    of attending their prefix."""
+    shape = dict(n_layers=4, dim=16, n_heads=4, n_kv_heads=2, ffn_hidden_dim=8, vocab_size=10)
+    softmax = TransformerCost(**shape)
+    linear = TransformerCost(**shape, linear_layers=3)
+    per_layer_pair = 2 * 4 * (4 + 4)
+    per_layer_token = 4 * 2 * 4 * 4 * 4  # 4 passes over 4 heads' 4 x 4 states, 2 FLOPs an entry
+    for start, end in [(0, 3), (0, 16), (2, 9), (11, 16)]:
+        causal = sum(t + 1 for t in range(start, end))
+        length = end - start
+        assert linear.attention_flops(length, end) == per_layer_pair * causal + 3 * per_layer_token * length
+        # Projections and MLP are the same in every layer.
+        assert softmax.forward_flops(length, end) - linear.forward_flops(length, end) == 3 * (
+            per_layer_pair * causal - per_layer_token * length
+        )
+    plan = SegmentPlan.from_lengths([5, 9, 2])
+    assert sum(plan.segment_flops(linear)) == linear.forward_flops(16, 16)
+    with pytest.raises(ValueError, match=r"linear_layers=3 must be an int in \[0, 2\]"):
+        TransformerCost(**shape, window_layers=2, window=5, linear_layers=3)
+
+
+def test_balanced_plans_with_linear_attention_are_closer_to_uniform():
+    """Linear attention costs the same per token wherever the token is: with fewer softmax
+    layers the cost per token grows less along the sequence, and balanced plans flatten
+    towards uniform (all of them at no softmax layer)."""
+    def skew(plan):
+        return max(plan.lengths) / min(plan.lengths)
+
+    for num_segments in (2, 4, 8):
+        softmax = SegmentPlan.balanced(32768, num_segments, LLAMA3_8B)
+        linear = SegmentPlan.balanced(32768, num_segments, LINEAR_8B)
+        assert spread(linear, LINEAR_8B)[0] < 1.01
+        assert list(linear.lengths) == sorted(linear.lengths, reverse=True)
+        assert 1 < skew(linear) < 1 + (skew(softmax) - 1) / 2, (softmax, linear)
+    all_linear = dataclasses.replace(LLAMA3_8B, linear_layers=32)
+    assert SegmentPlan.balanced(32768, 4, all_linear) == SegmentPlan.uniform(32768, 4)
+
+
+@pytest.mark.parametrize("cost", [PAPER_7B, LLAMA3_8B, LINEAR_8B])
 @pytest.mark.parametrize(
     "length,end", [(1, 1), (1, 32768), (6215, 32768), (32768, 32768), (777, 1000)]
 )
@@ -96,7 +138,7 @@ def test_flops_coefficients_reproduce_forward_flops(cost, length, end):
     assert a * length**2 + b * length == pytest.approx(cost.forward_flops(length, end), rel=1e-12)
 
 
-@pytest.mark.parametrize("cost", [PAPER_7B, LLAMA3_8B])
+@pytest.mark.parametrize("cost", [PAPER_7B, LLAMA3_8B, LINEAR_8B])
 @pytest.mark.parametrize(
     "plan",
     [

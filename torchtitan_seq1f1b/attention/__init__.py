@@ -13,10 +13,14 @@
   flash kernel); :mod:`.packing` runs them on packed documents;
 - :mod:`.segment_op`: the registered op a backend runs as, which torch.compile
   sees as one opaque call per layer;
-- :mod:`.saved_ops`: their forward ops, which op-level checkpointing saves.
+- :mod:`.saved_ops`: their forward ops, which op-level checkpointing saves;
+- :mod:`.binding`: the handle through which a segment-aware layer (softmax or
+  linear attention) reaches its stage's K/V store, and :func:`bind_attention`,
+  which binds every such layer.
 """
 
 from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
+from torchtitan_seq1f1b.attention.binding import bind_attention, SegmentAwareLayer
 from torchtitan_seq1f1b.attention.choice import (
     ATTENTION_BACKENDS,
     check_backend,
@@ -27,7 +31,6 @@ from torchtitan_seq1f1b.attention.exact import SDPABackend
 from torchtitan_seq1f1b.attention.flash_attn import FlashAttnBackend
 from torchtitan_seq1f1b.attention.saved_ops import attention_forward_ops
 from torchtitan_seq1f1b.attention.segment_aware import (
-    bind_attention,
     bind_documents,
     SegmentAwareAttention,
     wrap_attention,
@@ -41,6 +44,7 @@ __all__ = [
     "KernelTarget",
     "SDPABackend",
     "SegmentAwareAttention",
+    "SegmentAwareLayer",
     "TorchFlashBackend",
     "attention_forward_ops",
     "bind_attention",

@@ -23,16 +23,17 @@ import torch.nn.functional as F
 
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import AttentionBackend, KernelTarget
+from torchtitan_seq1f1b.attention.binding import bind_attention, SegmentAwareLayer
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet, resolve_backend
-from torchtitan_seq1f1b.attention.segment_op import segment_attention, stamp_handle
+from torchtitan_seq1f1b.attention.segment_op import segment_attention
 from torchtitan_seq1f1b.documents import check_document_ids, MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["SegmentAwareAttention", "bind_attention", "bind_documents", "wrap_attention"]
+__all__ = ["SegmentAwareAttention", "bind_documents", "wrap_attention"]
 
 
-class SegmentAwareAttention(nn.Module):
+class SegmentAwareAttention(SegmentAwareLayer):
     """Causal attention that spans segments of a Seq1F1B microbatch.
 
     Args:
@@ -57,24 +58,6 @@ class SegmentAwareAttention(nn.Module):
         self.backend = resolve_backend(backend) if isinstance(backend, str) else backend
         self.scale = scale
         self.window_left = window_left
-        # Stands for this layer inside compiled graphs (segment_op): an input, not a constant.
-        self.register_buffer("handle", torch.empty(0), persistent=False)
-        self.bind(None)
-
-    def bind(self, store: KVStore | None) -> None:
-        """Attend through ``store`` (None: plain causal attention), under a new handle."""
-        self.kv_store = store
-        self.handle = stamp_handle(torch.empty(0, device=self.handle.device), self, store)
-
-    # .to(), to_empty(), deepcopy and unpickling give the layer a new handle tensor.
-    def _apply(self, fn, recurse=True):
-        module = super()._apply(fn, recurse)
-        stamp_handle(self.handle, self, self.kv_store)
-        return module
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        stamp_handle(self.handle, self, self.kv_store)
 
     def forward(
         self,
@@ -162,27 +145,16 @@ class SegmentAwareAttention(nn.Module):
         return f"backend={self.backend.name}{window}"
 
 
-def bind_attention(module: nn.Module, store: KVStore | None) -> int:
-    """Point every :class:`SegmentAwareAttention` inside ``module`` at ``store``.
-
-    Returns how many layers were bound. A schedule binds each stage's layers
-    to the stage's store; ``None`` unbinds them (plain causal attention).
-    """
-    layers = [m for m in module.modules() if isinstance(m, SegmentAwareAttention)]
-    for layer in layers:
-        layer.bind(store)
-    return len(layers)
-
-
 def bind_documents(module: nn.Module, ids: torch.Tensor | None) -> KVStore | None:
     """Give an unsplit ``module``'s attention packed documents, outside any pipeline.
 
     ids: (batch, seq_len) document ids of the next forward's inputs,
-    non-decreasing along each row. Every :class:`SegmentAwareAttention` in
-    ``module`` is bound to a store whose running unit is the whole sequence
-    with these documents; it stays in effect through backward and
-    activation-checkpoint recompute, until the next call. ``None`` restores
-    plain causal attention. Returns the store (None for ``ids=None``).
+    non-decreasing along each row. Every segment-aware layer in ``module``
+    (softmax and linear attention, :func:`bind_attention`) is bound to a store
+    whose running unit is the whole sequence with these documents; it stays
+    in effect through backward and activation-checkpoint recompute, until
+    the next call. ``None`` restores plain causal attention. Returns the
+    store (None for ``ids=None``).
     """
     if ids is None:
         bind_attention(module, None)

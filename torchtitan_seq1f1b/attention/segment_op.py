@@ -7,8 +7,8 @@ A compiled block sees ``seq1f1b::segment_attention`` and nothing of the K/V
 store or the running unit, so it neither breaks its graph nor guards on the
 unit: the op's implementation reaches both through a zero-element buffer
 the layer holds, its handle, which names the layer and the store it is bound
-to (:func:`stamp_handle`). The handle is a graph input like any other, so
-layers share one compiled graph. Each binding gets a new handle, and the
+to (:mod:`.binding`). The handle is a graph input like any other, so layers
+share one compiled graph. Each binding gets a new handle, and the
 backward gets the handle its forward saved: under torch's own schedules,
 where the next microbatch's forward rebinds the documents before this one's
 backward, the backward still sees its own.
@@ -27,30 +27,21 @@ dq, dk, dv: kernels use ``out`` only for ``rowsum(grad * out)``.
 """
 
 import torch
-import torch.nn as nn
 
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention.backend import KernelTarget
+from torchtitan_seq1f1b.attention.binding import bound_to
 from torchtitan_seq1f1b.attention.choice import raise_if_unmet
 from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import RunningUnit
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
-__all__ = ["segment_attention", "stamp_handle"]
-
-
-def stamp_handle(handle: torch.Tensor, layer: nn.Module, store) -> torch.Tensor:
-    """Make ``handle`` stand for ``layer`` attending through ``store`` (a KVStore or None)."""
-    handle.seq1f1b_binding = (layer, store)
-    return handle
+__all__ = ["segment_attention"]
 
 
 def _bound(handle: torch.Tensor):
     """(layer, store, running unit) of a handle; the unit is None outside a unit."""
-    binding = getattr(handle, "seq1f1b_binding", None)
-    if binding is None:
-        raise RuntimeError("segment_attention got a tensor that is no attention layer's handle")
-    layer, store = binding
+    layer, store = bound_to(handle, "segment_attention")
     return layer, store, None if store is None else store.running
 
 

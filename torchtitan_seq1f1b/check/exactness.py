@@ -28,7 +28,7 @@ from torchtitan_seq1f1b import (
     SegmentPlan,
 )
 from torchtitan_seq1f1b._torch_compat.introspection import recorded_p2p_receives
-from torchtitan_seq1f1b.attention import AttentionBackend
+from torchtitan_seq1f1b.attention import AttentionBackend, bind_documents
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.context_parallel import ContextGroup, HeadTail
 from torchtitan_seq1f1b.examples.tiny_transformer import (
@@ -71,6 +71,9 @@ class Case:
     """Stages compile every block (``fullgraph=True``); the reference stays eager."""
     window_left: int | None = None
     """Sliding windows in every other layer (:attr:`TinyTransformerArgs.window_left`)."""
+    linear_attention_interval: int | None = None
+    """GatedDeltaNet in every layer but each interval-th, as qwen3_5
+    (:attr:`TinyTransformerArgs.linear_attention_interval`)."""
 
     @property
     def plan(self) -> SegmentPlan:
@@ -85,6 +88,7 @@ class Case:
             attention_backend="sdpa",
             compile=self.compile,
             window_left=self.window_left,
+            linear_attention_interval=self.linear_attention_interval,
         )
 
     def rank_device(self, rank: int) -> torch.device:
@@ -160,11 +164,14 @@ def reference(case: Case, dtype: torch.dtype | None = None) -> dict:
     tokens, target = case.batch(device)
     document_ids = case.document_ids(device)
     if document_ids is not None or case.window_left is not None:
-        if document_ids is None:
-            document_ids = torch.zeros_like(tokens)
-        for layer in model.layers.values():
-            window_left = layer.attention.inner_attention.window_left
-            layer.attention.inner_attention = ExplicitDocumentAttention(document_ids, window_left)
+        mask_ids = torch.zeros_like(tokens) if document_ids is None else document_ids
+        for i, layer in model.layers.items():
+            if int(i) not in case.model_args.linear_layers:
+                window_left = layer.attention.inner_attention.window_left
+                layer.attention.inner_attention = ExplicitDocumentAttention(mask_ids, window_left)
+    # GatedDeltaNet restarts at document starts through a one-segment unit, which
+    # tests/linear_attention checks against qwen3_5's layer on each document alone.
+    bind_documents(model, document_ids)
     logits = model(tokens)
     loss_sum = token_sum_cross_entropy(logits, target)
     (loss_sum / (target != -100).sum()).backward()

@@ -9,7 +9,8 @@ backward runs last segment first, each under its unit again (activation
 checkpoint recompute and the K/V gradient routing need it). This is what one
 stage does for one microbatch under any Seq1F1B schedule, so comparing a
 :class:`SegmentedRun` with unsplit ``fn(*inputs)`` checks attention across
-segments, its gradient routing and checkpointing without a pipeline.
+segments (and linear attention's carried state), its gradient routing and
+checkpointing without a pipeline.
 """
 
 import torch
@@ -28,8 +29,8 @@ class SegmentedRun:
     """``fn(*inputs)`` for one microbatch, run segment by segment.
 
     Args:
-        fn: the module to run; its SegmentAwareAttention layers are bound to
-            ``store``.
+        fn: the module to run; its segment-aware layers (softmax and linear
+            attention) are bound to ``store``.
         inputs: tensors with the sequence on ``seq_dim``: e.g. token ids
             (batch, seq_len) with ``seq_dim=1``, or q/k/v
             (batch, heads, seq_len, head_dim) with ``seq_dim=2``. Each segment

@@ -6,7 +6,9 @@
 It uses global RoPE positions, GQA, SwiGLU and RMSNorm like torchtitan's
 llama3 (:class:`~torchtitan_seq1f1b.planner.llama_block.LlamaBlock`, whose attention op
 is :class:`SegmentAwareAttention`), so the same
-weights train unsplit (positions default to 0..L-1) and under Seq1F1B.
+weights train unsplit (positions default to 0..L-1) and under Seq1F1B. With
+``linear_attention_interval`` most blocks mix tokens through GatedDeltaNet
+instead, in qwen3_5's pattern.
 """
 
 import copy
@@ -23,6 +25,7 @@ from torch.utils.checkpoint import (
 )
 
 from torchtitan_seq1f1b.attention import attention_forward_ops
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig, SegmentAwareGatedDeltaNet
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
@@ -30,6 +33,7 @@ __all__ = [
     "ACTIVATION_CHECKPOINT_MODES",
     "BENCH_MODEL",
     "BENCH_SEQ_LEN",
+    "LinearAttention",
     "TinyTransformer",
     "TinyTransformerArgs",
     "token_sum_cross_entropy",
@@ -59,12 +63,21 @@ class TinyTransformerArgs:
     window_left: int | None = None
     """Sliding-window attention in the even-numbered layers, as gpt_oss: each query
     sees itself and this many keys before it. None: every layer attends causally."""
+    linear_attention_interval: int | None = None
+    """qwen3_5's layer pattern: layer i is softmax attention when
+    ``(i + 1) % interval == 0``, else GatedDeltaNet (:attr:`gated_delta_net`).
+    None: every layer is softmax attention."""
 
     def __post_init__(self):
         if self.activation_checkpoint not in ACTIVATION_CHECKPOINT_MODES:
             raise ValueError(
                 f"activation_checkpoint={self.activation_checkpoint!r}; choose one of "
                 f"{ACTIVATION_CHECKPOINT_MODES}"
+            )
+        interval = self.linear_attention_interval
+        if interval is not None and (interval < 1 or self.window_left is not None):
+            raise ValueError(
+                f"linear_attention_interval={interval!r} must be >= 1, without window_left"
             )
 
     def cost(self) -> TransformerCost:
@@ -79,12 +92,34 @@ class TinyTransformerArgs:
             gated_mlp=True,
             window_layers=0 if self.window_left is None else len(self.window_layers),
             window=0 if self.window_left is None else self.window_left + 1,
+            linear_layers=len(self.linear_layers),
         )
 
     @property
     def window_layers(self) -> range:
         """The layers with a sliding window (when ``window_left`` is set)."""
         return range(0, self.n_layers, 2)
+
+    @property
+    def linear_layers(self) -> list[int]:
+        """The GatedDeltaNet layers (none without ``linear_attention_interval``)."""
+        interval = self.linear_attention_interval
+        if interval is None:
+            return []
+        return [i for i in range(self.n_layers) if (i + 1) % interval]
+
+    @property
+    def gated_delta_net(self) -> GatedDeltaNetConfig:
+        """The GatedDeltaNet layers' shape: qwen3_5's two value heads per key head,
+        as many value heads as K/V heads, of the attention's head dim."""
+        head_dim = self.dim // self.n_heads
+        return GatedDeltaNetConfig(
+            dim=self.dim,
+            n_key_heads=max(self.n_kv_heads // 2, 1),
+            n_value_heads=self.n_kv_heads,
+            key_head_dim=head_dim,
+            value_head_dim=head_dim,
+        )
 
 
 # The CPU benchmark's model (benchmarks/) and the charts' default: one step of 1F1B at
@@ -117,6 +152,8 @@ class TinyTransformer(nn.Module):
         if args.window_left is not None:
             for i in args.window_layers:
                 self.layers[str(i)].attention.inner_attention.window_left = args.window_left
+        for i in args.linear_layers:
+            self.layers[str(i)].attention = LinearAttention(args.gated_delta_net)
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Outside the module tree, so parameter names stay those of the unsplit model.
@@ -184,6 +221,22 @@ class TinyTransformer(nn.Module):
                 for name, block in part.layers.items()
             }
         return part
+
+
+class LinearAttention(nn.Module):
+    """A block's GatedDeltaNet in the place of its attention, which it is called as:
+    x (batch, seq_len, dim) at positions (unused: no RoPE) -> (batch, seq_len, dim)."""
+
+    def __init__(self, config: GatedDeltaNetConfig):
+        super().__init__()
+        self.gdn = SegmentAwareGatedDeltaNet(config)
+        # A in [0.05, 0.37], decays of about 0.9 per token (fla's A in [1, 16] forgets
+        # within a token or two): the state then reaches across the segments.
+        with torch.no_grad():
+            self.gdn.A_log.uniform_(-3, -1)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.gdn(x)
 
 
 class _CheckpointedBlock(nn.Module):

@@ -17,16 +17,11 @@ from torchtitan_seq1f1b.linear_attention.delta_rule import (
     delta_rule_forward,
     gated_delta_rule,
 )
-from torchtitan_seq1f1b.linear_attention.layer import (
-    bind_linear_attention,
-    GatedDeltaNetConfig,
-    SegmentAwareGatedDeltaNet,
-)
+from torchtitan_seq1f1b.linear_attention.layer import GatedDeltaNetConfig, SegmentAwareGatedDeltaNet
 
 __all__ = [
     "GatedDeltaNetConfig",
     "SegmentAwareGatedDeltaNet",
-    "bind_linear_attention",
     "delta_rule_backward",
     "delta_rule_forward",
     "gated_delta_rule",

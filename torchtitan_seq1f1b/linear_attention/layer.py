@@ -17,8 +17,9 @@ casts to float32, which would round float64). Rows are independent
 sequences; packed documents (from the running unit, or a one-segment unit
 :func:`~torchtitan_seq1f1b.attention.bind_documents` makes) restart the conv
 and the state at every document start. Bound to a stage's K/V store
-(:func:`bind_linear_attention`), a segment continues its microbatch's
-earlier segments through the two ops of :mod:`.ops`.
+(:func:`~torchtitan_seq1f1b.attention.bind_attention`, as every segment-aware
+layer), a segment continues its microbatch's earlier segments through the two
+ops of :mod:`.ops`.
 """
 
 from dataclasses import dataclass
@@ -27,12 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torchtitan_seq1f1b.attention.segment_op import stamp_handle
-from torchtitan_seq1f1b.kv_store import KVStore
+from torchtitan_seq1f1b.attention.binding import SegmentAwareLayer
 from torchtitan_seq1f1b.linear_attention.conv import document_causal_conv
 from torchtitan_seq1f1b.linear_attention.ops import conv_tail, recurrence
 
-__all__ = ["GatedDeltaNetConfig", "GatedRMSNorm", "SegmentAwareGatedDeltaNet", "bind_linear_attention"]
+__all__ = ["GatedDeltaNetConfig", "GatedRMSNorm", "SegmentAwareGatedDeltaNet"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class GatedRMSNorm(nn.Module):
         return (self.weight.to(dtype) * normed * F.silu(gate.to(dtype))).to(x.dtype)
 
 
-class SegmentAwareGatedDeltaNet(nn.Module):
+class SegmentAwareGatedDeltaNet(SegmentAwareLayer):
     """GatedDeltaNet whose segments of a microbatch continue each other (module doc)."""
 
     def __init__(self, config: GatedDeltaNetConfig):
@@ -93,24 +93,6 @@ class SegmentAwareGatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(config.n_value_heads))
         self.norm = GatedRMSNorm(config.value_head_dim, config.norm_eps)
         self.out_proj = nn.Linear(value_dim, config.dim, bias=False)
-        # Stands for this layer inside compiled graphs (ops.py): an input, not a constant.
-        self.register_buffer("handle", torch.empty(0), persistent=False)
-        self.bind(None)
-
-    def bind(self, store: KVStore | None) -> None:
-        """Carry state through ``store`` (None: each call is whole rows), under a new handle."""
-        self.kv_store = store
-        self.handle = stamp_handle(torch.empty(0, device=self.handle.device), self, store)
-
-    # .to(), to_empty(), deepcopy and unpickling give the layer a new handle tensor.
-    def _apply(self, fn, recurse=True):
-        module = super()._apply(fn, recurse)
-        stamp_handle(self.handle, self, self.kv_store)
-        return module
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        stamp_handle(self.handle, self, self.kv_store)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, L, dim), the running segment's tokens (or whole rows). Returns (B, L, dim)."""
@@ -135,12 +117,3 @@ class SegmentAwareGatedDeltaNet(nn.Module):
         o = recurrence(q, k, v, g, beta, doc_positions, self.handle, c.key_head_dim**-0.5)
         o = self.norm(o, self.in_proj_z(x).unflatten(-1, (c.n_value_heads, c.value_head_dim)))
         return self.out_proj(o.flatten(-2))
-
-
-def bind_linear_attention(module: nn.Module, store: KVStore | None) -> int:
-    """Point every :class:`SegmentAwareGatedDeltaNet` inside ``module`` at ``store``
-    (None: whole rows); returns how many were bound."""
-    layers = [m for m in module.modules() if isinstance(m, SegmentAwareGatedDeltaNet)]
-    for layer in layers:
-        layer.bind(store)
-    return len(layers)

@@ -19,7 +19,7 @@ these ops' backwards run once per segment, in its input-gradient step.
   the initial state's (``dh0``).
 
 Like ``seq1f1b::segment_attention`` the ops reach the layer and the stage's
-K/V store through the layer's handle (:func:`~torchtitan_seq1f1b.attention.segment_op.stamp_handle`);
+K/V store through the layer's handle (:mod:`torchtitan_seq1f1b.attention.binding`);
 the carries live there (:mod:`.carry`). Outside a unit a row is one sequence
 from zero state (with packed documents bound as a one-segment unit, see
 :func:`~torchtitan_seq1f1b.attention.bind_documents`). A
@@ -28,6 +28,7 @@ checkpoint recompute reads the same carries and keeps nothing again.
 
 import torch
 
+from torchtitan_seq1f1b.attention.binding import bound_to
 from torchtitan_seq1f1b.kv_store import RunningUnit
 from torchtitan_seq1f1b.linear_attention.carry import LayerCarries
 from torchtitan_seq1f1b.linear_attention.delta_rule import delta_rule_backward, delta_rule_forward
@@ -40,10 +41,7 @@ def _carries(handle: torch.Tensor, like: torch.Tensor):
 
     like: (B, L, ...) the segment's tokens, checked against the plan.
     """
-    binding = getattr(handle, "seq1f1b_binding", None)
-    if binding is None:
-        raise RuntimeError("a GatedDeltaNet op got a tensor that is no layer's handle")
-    layer, store = binding
+    layer, store = bound_to(handle, "a GatedDeltaNet op")
     running = None if store is None else store.running
     if running is None:
         return None, None, None

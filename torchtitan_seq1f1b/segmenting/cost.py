@@ -69,6 +69,11 @@ class TransformerCost:
         window_layers: how many of the ``L`` layers attend through a sliding
             window (gpt_oss: every other one).
         window: keys a query of such a layer sees at most, itself included.
+        linear_layers: how many of the ``L`` layers are linear attention
+            (qwen3_5's GatedDeltaNet), priced with the attention's projections
+            and heads: instead of QK^T and AV over the prefix, a recurrent
+            state update per token, linear in the segment's length
+            (:meth:`recurrence_flops`).
     """
 
     n_layers: int
@@ -89,6 +94,7 @@ class TransformerCost:
     shared_ffn_hidden_dim: int = 0
     window_layers: int = 0
     window: int = 0
+    linear_layers: int = 0
 
     def __post_init__(self) -> None:
         positive = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_hidden_dim", "vocab_size")
@@ -102,6 +108,9 @@ class TransformerCost:
                 raise ValueError(f"{name}={value!r} must be None or a positive int")
         if not is_int(self.window_layers) or not 0 <= self.window_layers <= self.n_layers:
             raise ValueError(f"window_layers={self.window_layers!r} must be an int in [0, n_layers]")
+        unwindowed = self.n_layers - self.window_layers
+        if not is_int(self.linear_layers) or not 0 <= self.linear_layers <= unwindowed:
+            raise ValueError(f"linear_layers={self.linear_layers!r} must be an int in [0, {unwindowed}]")
         if self.window_layers and (not is_int(self.window) or self.window < 1):
             raise ValueError(f"window={self.window!r} must be a positive int with window_layers")
         for name in ("experts", "shared_ffn_hidden_dim"):
@@ -170,11 +179,13 @@ class TransformerCost:
         return length * self.token_flops() + self.attention_flops(length, end)
 
     def attention_flops(self, length: int, end: int) -> int:
-        """FLOPs of QK^T and AV of tokens ``[end - length, end)``: the part without weights."""
+        """FLOPs of QK^T and AV (and linear attention's state updates) of tokens
+        ``[end - length, end)``: the part without weights."""
         check_span(length, end)
         full, windowed = self.pair_rates()
         start = end - length
-        return full * _keys_seen(start, end, end) + windowed * _keys_seen(start, end, self.window)
+        keys = full * _keys_seen(start, end, end) + windowed * _keys_seen(start, end, self.window)
+        return keys + length * self.recurrence_flops()
 
     def flops_coefficients(self, end: int) -> tuple[float, float]:
         """``(a, b)`` with ``forward_flops(s, end) == a * s**2 + b * s``; ``a < 0``.
@@ -185,7 +196,8 @@ class TransformerCost:
         if self.window_layers:
             raise ValueError("sliding-window layers make the FLOPs not quadratic in the length")
         per_query_key = self.pair_rates()[0]
-        return -per_query_key / 2, self.token_flops() + per_query_key * (end + 0.5)
+        per_token = self.token_flops() + self.recurrence_flops()
+        return -per_query_key / 2, per_token + per_query_key * (end + 0.5)
 
     def token_flops(self) -> int:
         """FLOPs per token: projections, MLP and LM head."""
@@ -201,7 +213,13 @@ class TransformerCost:
         """FLOPs per attended (query, key) pair, summed over the full-attention layers
         and over the sliding-window layers."""
         per_layer = 2 * self.n_heads * (self.head_dim + self.value_head_dim)
-        return (self.n_layers - self.window_layers) * per_layer, self.window_layers * per_layer
+        full = self.n_layers - self.window_layers - self.linear_layers
+        return full * per_layer, self.window_layers * per_layer
+
+    def recurrence_flops(self) -> int:
+        """FLOPs per token of the linear-attention layers' state updates: per head,
+        four passes over its (d, d_v) state (decay, read, write, output)."""
+        return self.linear_layers * 4 * 2 * self.n_heads * self.head_dim * self.value_head_dim
 
 
 def _keys_seen(start: int, end: int, window: int) -> int:

@@ -155,17 +155,17 @@ class DocumentLengths:
 class PackedDocumentsCost:
     """Forward FLOPs of a segment whose queries see only their own document.
 
-    ``forward_flops(length, end)`` counts a ``model``'s projections, MLP and
-    LM head for each token and attention for each (query, key) pair the
-    document mask allows, from a prefix sum: O(1) per call. Build it with
+    ``forward_flops(length, end)`` counts a ``model``'s projections, MLP,
+    linear attention and LM head for each token and attention for each
+    (query, key) pair the document mask allows, from a prefix sum: O(1) per call. Build it with
     :meth:`expected` (a length distribution) or :meth:`from_keys` (actual ids,
     averaged over rows). With one document per row it equals ``model``'s causal
     cost exactly.
 
     Args:
         model: the transformer shape (FLOP rates per token and per pair).
-        attention_prefix: ``seq_len + 1`` ints; entry ``t`` is the attention
-            FLOPs of queries ``[0, t)``.
+        attention_prefix: ``seq_len + 1`` ints; entry ``t`` is the (softmax)
+            attention FLOPs of queries ``[0, t)``.
     """
 
     model: TransformerCost
@@ -215,9 +215,11 @@ class PackedDocumentsCost:
         return len(self.attention_prefix) - 1
 
     def attention_flops(self, length: int, end: int) -> int:
-        """FLOPs of QK^T and AV of tokens ``[end - length, end)`` under the document mask."""
+        """FLOPs of QK^T and AV of tokens ``[end - length, end)`` under the document
+        mask, and of linear attention's state updates (per token, documents or not)."""
         check_span(length, end, self.seq_len)
-        return self.attention_prefix[end] - self.attention_prefix[end - length]
+        pairs = self.attention_prefix[end] - self.attention_prefix[end - length]
+        return pairs + length * self.model.recurrence_flops()
 
     def forward_flops(self, length: int, end: int) -> int:
         """Forward FLOPs of tokens ``[end - length, end)``; sums exactly over any split."""
