@@ -101,7 +101,8 @@ def conv_tail_backward(grad_window: torch.Tensor, handle: torch.Tensor, width: i
     own = grad_window[:, width - 1 :]
     carries, running, store = _carries(handle, own)
     if carries is None:
-        return own.contiguous()
+        # A copy: contiguous() of a batch-1 slice is that slice, and an op must not alias its input.
+        return own.clone(memory_format=torch.contiguous_format)
     segment = running.unit.segment
     last = segment + 1 == running.plan.num_segments
     banked = carries.conv_tail.take_grad(segment, last)
