@@ -38,13 +38,17 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from torchtitan_seq1f1b.attention import SegmentAwareAttention, wrap_attention
+from torchtitan_seq1f1b.attention import SegmentAwareAttention, SegmentAwareLayer, wrap_attention
 from torchtitan_seq1f1b.integration.document_masks import (
     bind_masks_as_documents,
     is_inner_attention,
     MASKS_KWARG,
 )
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
+from torchtitan_seq1f1b.integration.titan_0_3.gated_delta_net import (
+    convert_gated_delta_nets,
+    is_gated_delta_net,
+)
 
 __all__ = [
     "MASKS_KWARG",
@@ -133,12 +137,11 @@ def unconvertible_layers(model: nn.Module) -> list[str]:
     problems = []
     for name, block in getattr(model, "layers", {}).items():
         mixer = _mixer(block)
-        if getattr(mixer, "inner_attention", None) is None:
+        if getattr(mixer, "inner_attention", None) is None and not is_gated_delta_net(mixer):
             where = f"layers.{name} ({type(mixer if mixer is not None else block).__name__})"
             problems.append(
-                f"{where}: no softmax attention to make segment-aware; a linear-attention "
-                "layer carries a recurrent state from segment to segment, which Seq1F1B "
-                "does not pass on"
+                f"{where}: neither softmax attention nor qwen3_5's GatedDeltaNet, the "
+                "token mixers Seq1F1B makes segment-aware"
             )
     return problems
 
@@ -149,10 +152,14 @@ def _mixer(block: nn.Module) -> nn.Module | None:
 
 def window_left(model: nn.Module, block: nn.Module) -> int | None:
     """How many keys before each query a block's sliding-window attention sees; None
-    without a window. varlen attention holds it (``window_size[0]``); flex blocks
-    name the model's one sliding-window mask, built from the first window in the
-    model's config (gpt_oss's ``get_attention_masks``)."""
-    left, _ = getattr(_mixer(block).inner_attention, "window_size", (-1, 0))
+    without a window (or without softmax attention). varlen attention holds it
+    (``window_size[0]``); flex blocks name the model's one sliding-window mask,
+    built from the first window in the model's config (gpt_oss's
+    ``get_attention_masks``)."""
+    inner = getattr(_mixer(block), "inner_attention", None)
+    if inner is None:
+        return None
+    left, _ = getattr(inner, "window_size", (-1, 0))
     if left >= 0:
         return left
     if getattr(block, "attn_mask_key", None) == "sliding_window_mask":
@@ -165,8 +172,9 @@ def make_segment_aware(model: nn.Module, backend: str) -> int:
     """Convert a torchtitan 0.3 decoder (or a pipeline part of one) in place.
 
     Call before torchtitan's ``parallelize_fn`` (AC and FSDP wrap the new
-    modules). Returns the number of attention layers converted. Raises
-    :class:`Seq1F1BConfigError` naming every block that cannot be converted.
+    modules). Returns the number of layers converted, softmax and linear
+    attention. Raises :class:`Seq1F1BConfigError` naming every block that
+    cannot be converted.
     """
     problems = unconvertible_layers(model)
     if problems:
@@ -176,7 +184,10 @@ def make_segment_aware(model: nn.Module, backend: str) -> int:
     windows = {name: window_left(model, block) for name, block in model.layers.items()}
     converted = wrap_attention(model, is_inner_attention, backend, SegmentAwareInnerAttention)
     for name, block in model.layers.items():
-        _mixer(block).inner_attention.window_left = windows[name]
+        inner = getattr(_mixer(block), "inner_attention", None)
+        if inner is not None:
+            inner.window_left = windows[name]
+    converted += convert_gated_delta_nets(model)
     model.get_attention_masks = positions_document_ids
     return converted
 
@@ -196,7 +207,8 @@ def parallelize_with_document_ids(parallelize_fn, backend: str):
 
     @functools.wraps(parallelize_fn)
     def parallelize(model: nn.Module, **kwargs) -> nn.Module:
-        if any(isinstance(m, SegmentAwareAttention) for m in model.modules()):
+        # A part may hold GatedDeltaNet layers alone: any segment-aware layer counts.
+        if any(isinstance(m, SegmentAwareLayer) for m in model.modules()):
             return parallelize_fn(model, **kwargs)
         make_segment_aware(model, backend)
         model = parallelize_fn(model, **kwargs)

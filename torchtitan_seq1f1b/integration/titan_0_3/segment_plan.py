@@ -50,22 +50,25 @@ def _window_shape(layers) -> dict:
 
 
 def transformer_cost(model_config: BaseModel.Config) -> TransformerCost:
-    """The FLOP model of a torchtitan 0.3 decoder config (llama3, qwen3, deepseek_v3,
-    gpt_oss; dense or MoE).
+    """The FLOP model of a torchtitan 0.3 decoder config (llama3, qwen3, qwen3_5,
+    deepseek_v3, gpt_oss; dense or MoE).
 
     MoE counts the experts a token runs; sliding-window layers the keys inside
-    their window. Where layers differ otherwise (dense layers before MoE ones),
-    the last layer stands for all.
+    their window; qwen3_5's GatedDeltaNet layers are priced as linear attention
+    with the softmax layers' heads. Where layers differ otherwise (dense layers
+    before MoE ones), the last layer stands for all.
     """
     attention = model_config.first_attention
+    layers = model_config.layers
     return TransformerCost(
-        n_layers=len(model_config.layers),
-        dim=attention.dim,
+        n_layers=len(layers),
+        dim=model_config.dim,
         n_heads=attention.n_heads,
         vocab_size=model_config.vocab_size,
         **_head_shape(attention),
-        **_mlp_shape(model_config.layers[-1]),
-        **_window_shape(model_config.layers),
+        **_mlp_shape(layers[-1]),
+        **_window_shape(layers),
+        linear_layers=sum(getattr(layer, "delta_net", None) is not None for layer in layers),
     )
 
 
