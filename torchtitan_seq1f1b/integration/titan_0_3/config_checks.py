@@ -30,9 +30,11 @@ from torchtitan_seq1f1b.integration.segment_plan import (
     uses_planner,
 )
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
+from torchtitan_seq1f1b.integration.titan_0_3.gated_delta_net import gated_delta_net_problems
 from torchtitan_seq1f1b.integration.titan_0_3.job_data import data_problems
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import image_problems
 
 __all__ = [
     "MODEL_NAMES",
@@ -43,12 +45,10 @@ __all__ = [
     "runs_seq1f1b",
 ]
 
-# Models verified under Seq1F1B (README's model table).
-MODEL_NAMES = ("llama3", "qwen3", "deepseek_v3", "gpt_oss")
+# Models verified under Seq1F1B (README's model table); qwen3_5 as a text decoder.
+MODEL_NAMES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss")
 # Why the other decoders of torchtitan 0.3's registries are refused.
 REFUSED_MODELS = {
-    "qwen3_5": "its GatedDeltaNet (linear-attention) layers carry a recurrent state from "
-    "segment to segment, which Seq1F1B does not pass on",
     "kimi_k2_5": "a vision-language model, which torchtitan pipelines with its own "
     "pipeline_vlm; Seq1F1B pipelines decoders only",
 }
@@ -109,6 +109,11 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
         why = REFUSED_MODELS.get(spec.name, "it is not verified under Seq1F1B")
         return [f"model {spec.name!r}: {why}; Seq1F1B supports {list(MODEL_NAMES)}"]
     problems = []
+    if spec is not None:
+        problems += image_problems(spec.name, config.dataloader)
+        problems += gated_delta_net_problems(
+            spec.model, parallelism.tensor_parallel_degree, parallelism.context_parallel_degree
+        )
     if spec is not None and getattr(spec.model, "mtp_layers", None):
         problems.append(
             f"model {spec.name!r} predicts {len(spec.model.mtp_layers)} extra token(s) "

@@ -12,6 +12,7 @@ naming the option to set.
 
 import os
 
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
 from torchtitan.trainer import Trainer
 
@@ -36,6 +37,8 @@ def use_recall_data(config: Trainer.Config) -> None:
     ``dataset_path`` that selects a recall corpus (``--dataloader.dataset_path
     doc_tokens=41``) stays."""
     config.hf_assets_path = str(TOKENIZER_DIR)
+    # Plain: the shipped tokenizer has no image tokens for a multimodal one to find.
+    config.tokenizer = HuggingFaceTokenizer.Config()
     config.dataloader = HuggingFaceTextDataLoader.Config(
         dataset=_TRAIN, dataset_path=_recall_path(config.dataloader.dataset_path)
     )

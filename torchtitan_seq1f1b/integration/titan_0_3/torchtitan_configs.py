@@ -8,13 +8,21 @@
 (``torchtitan.models.<model>.config_registry``) and returns its job with a
 ``seq1f1b`` section: schedule Seq1F1B (on torch's 1F1B stage layout), k = 4
 balanced segments. Every field stays a flag, ``--seq1f1b.*`` included.
+
+Config names are read from the registries' sources, so a registry that does
+not import here (qwen3_5's needs fla) still names its configs, and selecting
+one says what to install. A registry loads with a stand-in for torchvision
+where it is missing (:func:`~.vision_language.torchvision_stand_in`).
 """
 
+import ast
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 from torchtitan.components.loss import ChunkedLossWrapper
@@ -24,18 +32,48 @@ from torchtitan.trainer import Trainer
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import torchvision_stand_in
 
-__all__ = ["seq1f1b_config", "seq1f1b_job", "torchtitan_config_names"]
+__all__ = ["import_registry", "seq1f1b_config", "seq1f1b_job", "torchtitan_config_names"]
 
 # torchtitan's decoder families; the others (flux, muse_glimmer) are not language models.
 MODEL_FAMILIES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss", "kimi_k2_7")
 
 
-def _registry(family: str) -> ModuleType | None:
+# Modules a registry imports that an extra of this package installs.
+EXTRAS = {"fla": "qwen35"}
+
+
+def _source_names(family: str) -> list[str]:
+    """The public functions a registry's source defines at top level, read without
+    importing it (its imports may fail here)."""
+    models = importlib.util.find_spec("torchtitan.models")
+    path = Path(models.submodule_search_locations[0]) / family / "config_registry.py"
+    if not path.is_file():
+        return []
+    return [
+        node.name
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+    ]
+
+
+def import_registry(family: str, name: str) -> ModuleType:
+    """The imported registry of ``family`` (which defines config ``name``); ValueError
+    naming the missing module, and the extra that installs it, if it does not import."""
     try:
-        return importlib.import_module(f"torchtitan.models.{family}.config_registry")
-    except ImportError:
-        return None
+        # The model package first, outside the stand-in: what it imports (fla imports
+        # transformers) must not take the stand-in for torchvision.
+        importlib.import_module(f"torchtitan.models.{family}")
+        with torchvision_stand_in():
+            return importlib.import_module(f"torchtitan.models.{family}.config_registry")
+    except ImportError as error:
+        extra = EXTRAS.get((error.name or "").partition(".")[0])
+        fix = f"; pip install 'torchtitan-seq1f1b[{extra}]'" if extra else ""
+        raise ValueError(
+            f"--config {name} is in torchtitan's {family} registry, which cannot be "
+            f"imported here: {error}{fix}"
+        ) from error
 
 
 def _config_functions(registry: ModuleType) -> dict[str, Callable]:
@@ -49,12 +87,7 @@ def _config_functions(registry: ModuleType) -> dict[str, Callable]:
 
 def torchtitan_config_names() -> list[str]:
     """Every config function of torchtitan 0.3's decoder registries."""
-    return sorted(
-        name
-        for family in MODEL_FAMILIES
-        if (registry := _registry(family)) is not None
-        for name in _config_functions(registry)
-    )
+    return sorted(name for family in MODEL_FAMILIES for name in _source_names(family))
 
 
 def _fields(config) -> dict:
@@ -90,17 +123,14 @@ def seq1f1b_config(name: str, ours: list[str]) -> Callable[[], Seq1F1BTrainer.Co
     """The config function ``--config name`` selects: torchtitan's ``name`` as a
     Seq1F1B job. Raises ValueError naming the closest names (``ours`` and
     torchtitan's) if neither has it."""
-    for family in MODEL_FAMILIES:
-        registry = _registry(family)
-        source = None if registry is None else _config_functions(registry).get(name)
-        if source is not None:
-            break
-    else:
+    family = next((f for f in MODEL_FAMILIES if name in _source_names(f)), None)
+    if family is None:
         close = difflib.get_close_matches(name, ours + torchtitan_config_names(), n=5)
         raise ValueError(
             f"--config {name} is neither a torchtitan_seq1f1b config ({', '.join(ours)}) nor "
             f"a config function of torchtitan's model registries; closest: {close}"
         )
+    source = _config_functions(import_registry(family, name))[name]
 
     def config() -> Seq1F1BTrainer.Config:
         return seq1f1b_job(source(), name)

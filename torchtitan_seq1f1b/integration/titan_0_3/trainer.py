@@ -18,7 +18,8 @@ whole sequences and cuts every segment over the CP ranks itself.
 With a :class:`~.metrics.Seq1F1BMetricsProcessor`, Seq1F1B jobs log the
 segment plan, the K/V store peak and the bubble estimate, and end with the
 run summary (on the recall corpus: the loss next to the lowest loss a model
-blind to earlier segments can reach).
+blind to earlier segments can reach). A vision-language model (qwen3_5)
+trains on text alone (:mod:`.vision_language`).
 """
 
 import dataclasses
@@ -40,6 +41,7 @@ from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_recall_data
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import text_only_inputs
 from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["Seq1F1BTrainer"]
@@ -61,7 +63,7 @@ class Seq1F1BTrainer(Trainer):
         config.activation_checkpoint = saving_attention(config.activation_checkpoint)
         spec = config.model_spec
         options = config.seq1f1b
-        parallelize_fn = spec.parallelize_fn
+        parallelize_fn = text_only_inputs(spec.parallelize_fn)
         if utils.device_type == "cpu":
             parallelize_fn = parallelize_with_document_ids(
                 parallelize_fn, options.attention_backend
