@@ -33,6 +33,7 @@ imports only the standard library.
 """
 
 import atexit
+import importlib.util
 import json
 import os
 import runpy
@@ -53,8 +54,10 @@ __all__ = ["JOB_ONLY_VARIABLES", "JobServer"]
 # Prefixes of variables read only by a job's own modules (this package, torchtitan,
 # the tests' launchers) or changing every test: they do not select a server.
 JOB_ONLY_VARIABLES = ("SEQ1F1B_", "LOG_RANK", "PYTEST_")
-# What the server loads: the libraries of a torchtitan process.
+# What the server loads: the libraries of a torchtitan process, and where installed
+# those its models import beyond them (qwen3_5's fla, which imports transformers).
 PRELOAD_ROOT = "torchtitan.train"
+OPTIONAL_PRELOAD_ROOTS = ("fla",)
 # Loaded afresh by every job (see the module docstring).
 NOT_PRELOADED = ("torchtitan", "torchtitan_seq1f1b", "__main__", "__mp_main__")
 # Seconds the other ranks have to end after one failed, before SIGTERM; and
@@ -183,11 +186,14 @@ class _ServerProcess:
 
 
 def _preload(preload_list: Path) -> None:
-    """Import what ``import torchtitan.train`` loads, except :data:`NOT_PRELOADED`;
-    the names listed in ``preload_list``, which the first server writes."""
+    """Import what ``import torchtitan.train`` (and each installed one of
+    :data:`OPTIONAL_PRELOAD_ROOTS`) loads, except :data:`NOT_PRELOADED`; the names
+    listed in ``preload_list``, which the first server writes."""
     if not preload_list.exists():
+        optional = [root for root in OPTIONAL_PRELOAD_ROOTS if importlib.util.find_spec(root)]
+        imports = ", ".join([PRELOAD_ROOT, *optional])
         listing = subprocess.run(
-            [sys.executable, "-c", f"import sys, {PRELOAD_ROOT}; print('\\n'.join(sys.modules))"],
+            [sys.executable, "-c", f"import sys, {imports}; print('\\n'.join(sys.modules))"],
             capture_output=True,
             text=True,
             check=True,
