@@ -18,7 +18,8 @@ moved. Routed experts run in the model's dtype
 llama3's debug config runs as the README documents it
 (``tests/test_documented_commands.py``) and as the debug job
 (``test_torchtitan.py``); qwen3's dense layers are checked in float64 layer by
-layer (``test_model_layers.py``).
+layer (``test_model_layers.py``); qwen3_5 runs in ``test_qwen3_5.py`` on
+:func:`seeded_runner`.
 """
 
 import pytest
@@ -60,34 +61,39 @@ def _steps_and_final_save(steps: int) -> tuple[str, ...]:
     )
 
 
-def _config(model: str) -> str:
-    return f"torchtitan_seq1f1b:{MODELS[model][0]}"
-
-
-@pytest.fixture(scope="module", params=list(MODELS))
-def model_run(request, tmp_path_factory):
-    """run(nproc, *args, name): a short run of the model's config from its seed
-    checkpoint; ``run.steps``: the steps each run trains."""
-    config = _config(request.param)
-    _, steps, job_args, launchers = MODELS[request.param]
+def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
+                  job_args: tuple[str, ...], launchers: tuple[str, ...]):
+    """run(nproc, *args, name, more_launchers=()): a ``steps``-step run of torchtitan's
+    ``config`` with ``job_args`` and ``launchers`` (and a run's own), from one seed
+    checkpoint written here; ``run.steps``: ``steps``."""
+    config = f"torchtitan_seq1f1b:{config}"
     launchers = (*launchers, input_dtype_experts.__name__)
-    seed = tmp_path_factory.mktemp(f"{request.param}_seed")
+    seed = tmp_path_factory.mktemp(f"{label}_seed")
     torchrun(
         seed, 1, *DATA_ARGS, *job_args, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
         "--parallelism.pipeline_parallel_degree", "1", "--debug.seed", "0", config=config,
         launchers=launchers,
     )
 
-    def run(nproc, *args, name):
+    def run(nproc, *args, name: str, more_launchers: tuple[str, ...] = ()):
         return torchrun(
-            tmp_path_factory.mktemp(f"{request.param}_{name}"), nproc, *DATA_ARGS, *job_args,
+            tmp_path_factory.mktemp(f"{label}_{name}"), nproc, *DATA_ARGS, *job_args,
             "--checkpoint.enable",
             "--checkpoint.initial_load_path", str(seed / "checkpoint" / "step-0"),
-            *_steps_and_final_save(steps), *args, config=config, launchers=launchers,
+            *_steps_and_final_save(steps), *args, config=config,
+            launchers=(*more_launchers, *launchers),
         )
 
     run.steps = steps
     return run
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model_run(request, tmp_path_factory):
+    """run(nproc, *args, name): a short run of the model's config from its seed
+    checkpoint; ``run.steps``: the steps each run trains."""
+    config, steps, job_args, launchers = MODELS[request.param]
+    return seeded_runner(tmp_path_factory, request.param, config, steps, job_args, launchers)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +124,7 @@ def test_expert_parallel_pp2_matches_expert_parallel(model_run):
     )
     assert "Seq1F1B" in pipelined.output
     assert_same_training(pipelined, reference, min_steps=model_run.steps)
-    _assert_same_expert_biases(pipelined, reference)
+    assert_same_expert_biases(pipelined, reference)
 
 
 @pytest.mark.parametrize("model_run", ["deepseek_v3"], indirect=True)
@@ -131,7 +137,7 @@ def test_context_parallel_pp2_matches_unpipelined(model_run, model_unpipelined):
     )
     assert "context parallel 2 per segment" in pipelined.output
     assert_same_training(pipelined, model_unpipelined, min_steps=model_run.steps)
-    _assert_same_expert_biases(pipelined, model_unpipelined)
+    assert_same_expert_biases(pipelined, model_unpipelined)
 
 
 def test_model_pp2_matches_unpipelined(model_run, model_unpipelined):
@@ -154,10 +160,10 @@ def _assert_pp2_matches(model_run, model_unpipelined, *schedule_args: str) -> No
     pipelined = model_run(2, "--parallelism.pipeline_parallel_degree", "2", *schedule_args, name="pp2")
     assert "Using pipeline schedule" in pipelined.output and "Seq1F1B" in pipelined.output
     assert_same_training(pipelined, model_unpipelined, min_steps=model_run.steps)
-    _assert_same_expert_biases(pipelined, model_unpipelined)
+    assert_same_expert_biases(pipelined, model_unpipelined)
 
 
-def _assert_same_expert_biases(run, reference_run) -> None:
+def assert_same_expert_biases(run, reference_run) -> None:
     """Every MoE layer's expert bias ends equal, and load balancing moved some."""
     biases, reference = _expert_biases(run), _expert_biases(reference_run)
     assert biases.keys() == reference.keys() and reference
