@@ -4,6 +4,7 @@
 """The torchtitan 0.3 job config: flags, early errors naming the option, the debug command."""
 
 import dataclasses
+import importlib
 import os
 import subprocess
 import sys
@@ -19,8 +20,13 @@ from torchtitan.tools import utils
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_recall_data
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
-from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_job
+from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import (
+    seq1f1b_config,
+    seq1f1b_job,
+    torchtitan_config_names,
+)
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
 from tests.harness import REPO, RunFailed, TEST_ARGS, torchrun
@@ -179,7 +185,6 @@ def test_bad_option_is_named(change, message):
 @pytest.mark.parametrize(
     "name, reason",
     [
-        ("qwen3_5", "its GatedDeltaNet (linear-attention) layers carry a recurrent state"),
         ("kimi_k2_5", "a vision-language model"),
         ("mistral", "it is not verified under Seq1F1B"),
     ],
@@ -189,7 +194,81 @@ def test_other_models_are_refused_with_the_reason(name, reason):
     config.model_spec = dataclasses.replace(config.model_spec, name=name)
     problems = problems_of(config)
     assert f"model {name!r}: {reason}" in problems
-    assert "Seq1F1B supports ['llama3', 'qwen3', 'deepseek_v3', 'gpt_oss']" in problems
+    assert "Seq1F1B supports ['llama3', 'qwen3', 'qwen3_5', 'deepseek_v3', 'gpt_oss']" in problems
+
+
+def qwen3_5_job(recall: bool = True) -> Seq1F1BTrainer.Config:
+    """``--config qwen35_debugmodel`` at PP = 2 as the trainer checks it: on the recall
+    corpus (``--seq1f1b.data recall``) or on its own images."""
+    config = ConfigManager().parse_args([
+        "--module", "torchtitan_seq1f1b", "--config", "qwen35_debugmodel",
+        "--parallelism.pipeline_parallel_degree", "2",
+    ])
+    if recall:
+        use_recall_data(config)
+    return config
+
+
+def test_qwen3_5_trains_as_a_text_decoder_on_the_recall_corpus():
+    config = qwen3_5_job()
+    assert config.model_spec.name == "qwen3_5" and config.seq1f1b.schedule == "Seq1F1B"
+    check_config(config)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: None,
+         "model 'qwen3_5' reads images (MMDataLoader.Config): Seq1F1B pipelines its text "
+         "decoder only; the vision encoder runs on torchtitan's pipeline_vlm stages; train "
+         "on text: --seq1f1b.data recall, or a text dataloader"),
+        (lambda c: setattr(c.parallelism, "context_parallel_degree", 2),
+         "parallelism.context_parallel_degree=2 with GatedDeltaNet layers [0, 1, 2, 4, 5, 6]: "
+         "their recurrence runs each segment on one rank"),
+        (lambda c: setattr(c.parallelism, "tensor_parallel_degree", 2),
+         "parallelism.tensor_parallel_degree=2 with GatedDeltaNet layers [0, 1, 2, 4, 5, 6]: "
+         "the segment-aware GatedDeltaNet is not sharded by heads; set "
+         "--parallelism.tensor_parallel_degree 1"),
+    ],
+    ids=["images", "context_parallel", "tensor_parallel"],
+)
+def test_qwen3_5_refusals_name_the_option(change, message):
+    config = qwen3_5_job(recall="images" not in message)
+    change(config)
+    assert message in problems_of(config)
+
+
+def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
+    with pytest.raises(RunFailed) as failure:
+        torchrun(
+            tmp_path, 2, "--parallelism.pipeline_parallel_degree", "2",
+            "--parallelism.context_parallel_degree", "2",
+            config="torchtitan_seq1f1b:qwen35_debugmodel", timeout=120,
+        )
+    output = failure.value.output
+    assert output.count("Seq1F1BConfigError: Seq1F1B cannot run this job") >= 2
+    for message in ("model 'qwen3_5' reads images", "context_parallel_degree=2 with GatedDeltaNet"):
+        assert output.count(message) >= 2
+    assert "Training starts" not in output
+
+
+def test_a_registry_that_does_not_import_names_what_to_install(monkeypatch):
+    """qwen3_5's registry needs fla; its configs are still found, by their source."""
+    assert "qwen35_debugmodel" in torchtitan_config_names()
+    real_import = importlib.import_module
+
+    def without_fla(name, *args):
+        if name.startswith("torchtitan.models.qwen3_5"):
+            raise ModuleNotFoundError("No module named 'fla'", name="fla")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_fla)
+    with pytest.raises(ValueError) as error:
+        seq1f1b_config("qwen35_debugmodel", [])
+    assert str(error.value) == (
+        "--config qwen35_debugmodel is in torchtitan's qwen3_5 registry, which cannot be "
+        "imported here: No module named 'fla'; pip install 'torchtitan-seq1f1b[qwen35]'"
+    )
 
 
 def test_options_do_not_matter_without_seq1f1b():

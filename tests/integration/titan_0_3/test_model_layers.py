@@ -4,7 +4,8 @@
 """torchtitan 0.3's decoders, converted, run segment by segment in float64.
 
 Each model is torchtitan's own debug model cut to two blocks (fewer routed
-experts for qwen3's MoE), converted by :func:`make_segment_aware`, and run
+experts for qwen3's MoE; qwen3_5's third and fourth, a GatedDeltaNet block and
+a softmax one, at 2048 tokens), converted by :func:`make_segment_aware`, and run
 as a Seq1F1B stage runs one microbatch: segment by segment on a K/V store,
 packed documents crossing the segment borders, under torchtitan's activation
 checkpointing, every backward on a fresh thread as CUDA's autograd engine
@@ -14,14 +15,17 @@ drive load balancing must equal the unsplit run's.
 torchtitan's routed experts multiply in bf16 whatever the model's dtype, so
 their weight gradients are rounded once per call: once per segment here, once
 per microbatch unsplit. The tests run them in float64
-(:func:`~tests.integration.titan_0_3.input_dtype_experts.experts_in_input_dtype`);
-routing, dispatch, combine and everything else run as torchtitan wrote them.
+(:func:`~tests.integration.titan_0_3.input_dtype_experts.experts_in_input_dtype`).
+qwen3_5's norms compute in float32 likewise, summing their weight gradients over
+a segment's tokens in float32; the tests run them in float64 too. Routing,
+dispatch, combine and everything else run as torchtitan wrote them.
 """
 
 import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.moe import GroupedExperts
@@ -30,6 +34,7 @@ from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel, gpt_os
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
+from torchtitan.models.qwen3_5.model import OffsetRMSNorm, RMSNormGated
 
 from torchtitan_seq1f1b.attention import bind_documents
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
@@ -41,6 +46,8 @@ from torchtitan_seq1f1b.integration.titan_0_3.attention import (
 )
 from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, transformer_cost
+from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import import_registry
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import text_only_inputs
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
@@ -50,6 +57,7 @@ from tests.integration.titan_0_3.input_dtype_experts import (
     experts_in_input_dtype,
     gpt_oss_experts_in_input_dtype,
 )
+from tests.integration.titan_0_3.smaller_vocab import with_vocab
 
 PLAN = SegmentPlan.from_lengths((11, 5, 16))
 # Per row of the microbatch: document lengths summing to the plan's 32 tokens.
@@ -65,6 +73,8 @@ CHECKPOINTING = {
 }
 
 WINDOW = 6  # keys a sliding-window query sees, itself included: it crosses segment borders
+# qwen3_5's registry, imported as the adapter does: its dataloader imports torchvision.
+QWEN3_5 = import_registry("qwen3_5", "qwen35_debugmodel")
 
 
 def _small_window(layer):
@@ -79,11 +89,13 @@ def _small_window(layer):
     )
 
 
-def _model(job, num_experts: int | None = None, change_layer=None) -> torch.nn.Module:
-    """The job's model, first two blocks (each changed by ``change_layer``), float64,
-    initialised from seed 0."""
+def _model(
+    job, num_experts: int | None = None, change_layer=None, first: int = 0
+) -> torch.nn.Module:
+    """The job's model, two blocks from ``first`` (each changed by ``change_layer``),
+    float64, initialised from seed 0."""
     config = job().model_spec.model
-    layers = config.layers[:2]
+    layers = config.layers[first : first + 2]
     if num_experts is not None:
         layers = [with_experts(layer, num_experts) for layer in layers]
     if change_layer is not None:
@@ -98,6 +110,23 @@ def _model(job, num_experts: int | None = None, change_layer=None) -> torch.nn.M
         model.init_states()
     finally:
         torch.set_default_dtype(default_dtype)
+    # qwen3_5's forward wants the image and video token ids, images or not.
+    return text_only_inputs(lambda model: model)(model)
+
+
+def _qwen3_5(job):
+    """A qwen3_5 job at the shipped tokenizer's 2048 tokens, as the torchrun tests run it."""
+    def cut():
+        config = job()
+        with_vocab(config)
+        return config
+    return cut
+
+
+def _text_decoder(model):
+    """qwen3_5 without its vision encoder, as Seq1F1B's stages hold it: text gives it no
+    gradient."""
+    model.vision_encoder = None
     return model
 
 MODELS = {
@@ -108,7 +137,16 @@ MODELS = {
     # Attention sinks (head_dim 64, GQA), a sliding-window block and a full one; biased
     # experts, top 4 of 4.
     "gpt_oss": lambda: _model(gpt_oss_debugmodel, num_experts=4, change_layer=_small_window),
+    # A GatedDeltaNet block (state and conv tail across segments) and a gated softmax
+    # one with partial RoPE; its norms in float64 (module docstring).
+    "qwen3_5": lambda: _text_decoder(_model(_qwen3_5(QWEN3_5.qwen35_debugmodel), first=2)),
+    # The same with routed experts (top 2 of 8) and a sigmoid-gated shared expert.
+    "qwen3_5-moe": lambda: _text_decoder(
+        _model(_qwen3_5(QWEN3_5.qwen35_debugmodel_moe), first=2)
+    ),
 }
+# MoE layers of each model's two blocks.
+MOE_LAYERS = {"qwen3-moe": 2, "deepseek_v3": 1, "gpt_oss": 2, "qwen3_5": 0, "qwen3_5-moe": 2}
 
 def _batch(model) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens and per-document positions, (2, 32)."""
@@ -156,11 +194,24 @@ def _run(model, segmented: bool, grad_out: torch.Tensor | None):
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     return out, grads, [moe.tokens_per_expert_E.clone() for moe in _moe_layers(model)]
 
+def _offset_norm_in_input_dtype(self: OffsetRMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``OffsetRMSNorm.forward`` in x's dtype: (1 + weight) * rmsnorm(x) over the last dim."""
+    return (1 + self.weight) * x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps)
+
+
+def _gated_norm_in_input_dtype(self: RMSNormGated, x: torch.Tensor, gate: torch.Tensor):
+    """``RMSNormGated.forward`` in x's dtype: weight * rmsnorm(x) * silu(gate)."""
+    normed = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps)
+    return self.weight * normed * F.silu(gate)
+
+
 @pytest.mark.parametrize("checkpointing", list(CHECKPOINTING))
 @pytest.mark.parametrize("name", list(MODELS))
 def test_segmented_model_matches_unsplit(name, checkpointing, monkeypatch):
     monkeypatch.setattr(GroupedExperts, "forward", experts_in_input_dtype)
     monkeypatch.setattr(GptOssGroupedExperts, "forward", gpt_oss_experts_in_input_dtype)
+    monkeypatch.setattr(OffsetRMSNorm, "forward", _offset_norm_in_input_dtype)
+    monkeypatch.setattr(RMSNormGated, "forward", _gated_norm_in_input_dtype)
     model = MODELS[name]()
     assert make_segment_aware(model, "sdpa") == 2
     if CHECKPOINTING[checkpointing] is not None:
@@ -173,7 +224,7 @@ def test_segmented_model_matches_unsplit(name, checkpointing, monkeypatch):
     assert_close(out, ref_out, f"titan0.3 {name}", RTOL)
     for param, ref in ref_grads.items():
         assert_close(grads[param], ref, f"titan0.3 {name}", RTOL, what=f"grad of {param}")
-    assert len(counts) == (1 if name == "deepseek_v3" else 2)
+    assert len(counts) == MOE_LAYERS[name]
     for layer, (count, ref) in enumerate(zip(counts, ref_counts)):
         assert ref.sum() > 0
         assert torch.equal(count, ref), f"MoE layer {layer}: token counts {count} != {ref}"
@@ -189,18 +240,41 @@ def test_gpt_oss_keeps_its_sliding_windows(job):
 
 
 class _Recurrent(torch.nn.Module):
-    """A token mixer without softmax attention, as qwen3_5's GatedDeltaNet (which needs
-    the fla package to import)."""
+    """A token mixer that is neither softmax attention nor qwen3_5's GatedDeltaNet."""
 
 
-def test_a_layer_without_softmax_attention_is_refused_by_type():
+def test_an_unknown_token_mixer_is_refused_by_type():
     with torch.device("meta"):
         model = llama3_debugmodel().model_spec.model.build()
     model.layers["1"].attention = _Recurrent()
     with pytest.raises(Seq1F1BConfigError) as error:
         make_segment_aware(model, "sdpa")
-    assert "layers.1 (_Recurrent): no softmax attention to make segment-aware" in str(error.value)
+    assert (
+        "layers.1 (_Recurrent): neither softmax attention nor qwen3_5's GatedDeltaNet"
+    ) in str(error.value)
     assert "layers.0" not in str(error.value)
+
+
+def test_qwen3_5_converts_to_the_same_parameters_and_initialisation():
+    """Converted before initialisation, as the pipelining function converts a model
+    on the meta device, qwen3_5 holds the same parameters under the same names as
+    torchtitan's and initialises them to the same values from the same seed."""
+    config = _qwen3_5(QWEN3_5.qwen35_debugmodel)().model_spec.model
+
+    def initialised(convert: bool) -> dict[str, torch.Tensor]:
+        with torch.device("meta"):
+            model = config.build()
+        if convert:
+            assert make_segment_aware(model, "sdpa") == 8
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        model.init_states()
+        return model.state_dict()
+
+    converted, original = initialised(True), initialised(False)
+    assert converted.keys() == original.keys()
+    for name, value in original.items():
+        assert torch.equal(converted[name], value), name
 
 
 @pytest.mark.parametrize(
@@ -212,8 +286,11 @@ def test_a_layer_without_softmax_attention_is_refused_by_type():
                                       experts=8, experts_per_token=3, shared_ffn_hidden_dim=512), 192),
         (gpt_oss_debugmodel, dict(n_heads=64, n_kv_heads=8, head_dim=64, experts=8,
                                   experts_per_token=4, window_layers=2, window=128), 64),
+        # Six GatedDeltaNet layers, priced per token; two softmax ones of 4 x 64 heads.
+        (QWEN3_5.qwen35_debugmodel, dict(n_layers=8, dim=256, n_heads=4, n_kv_heads=2,
+                                         head_dim=64, linear_layers=6), 64),
     ],
-    ids=["qwen3-moe", "deepseek_v3", "gpt_oss"],
+    ids=["qwen3-moe", "deepseek_v3", "gpt_oss", "qwen3_5"],
 )
 def test_cost_model_reads_each_models_heads_and_experts(job, expected, kernel_head_dim):
     """The FLOP model behind balanced plans, the simulator and the planner."""

@@ -1,0 +1,108 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""torchtitan 0.3's qwen3_5 (three GatedDeltaNet layers to one softmax layer) as
+Seq1F1B jobs (``--config qwen35_debugmodel``, ``qwen35_debugmodel_moe``).
+
+Each config trains as a text decoder on the shipped recall corpus, from one
+seed checkpoint, with its own chunked loss and selective checkpointing, at
+the shipped tokenizer's 2048 tokens (:mod:`~tests.integration.titan_0_3.smaller_vocab`).
+A pipelined run must match the non-pipelined one: every step's loss and the
+step-1 grad_norm within 1e-4, and the MoE's expert biases bit for bit. Both
+runs compute the GatedDeltaNet with this package's plain-torch recurrence on
+CPU; under Seq1F1B its state and conv tail cross every segment cut.
+
+CI runs Seq1F1B on the dense and the MoE config; the other schedules are
+``extended`` (``python -m pytest tests/integration/titan_0_3/test_qwen3_5.py -m extended``).
+The split-backward schedules train on the unchunked loss
+(:mod:`~tests.integration.titan_0_3.plain_loss`): Seq1F1B refuses the chunked
+one there.
+"""
+
+import pytest
+
+from tests.harness import assert_same_training
+from tests.integration.titan_0_3 import plain_loss, smaller_vocab
+from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
+from tests.integration.titan_0_3.test_torchtitan import seq1f1b_args
+
+# One data-parallel rank, no TP or EP: the MoE config asks for 8 ranks.
+SINGLE_RANK_PER_STAGE = (
+    "--parallelism.data_parallel_shard_degree", "-1", "--parallelism.tensor_parallel_degree", "1",
+    "--parallelism.expert_parallel_degree", "1",
+)
+# Config and flags of each flavour; three steps, the later ones from the first updates.
+MODELS = {
+    "dense": ("qwen35_debugmodel", ()),
+    "moe": ("qwen35_debugmodel_moe", SINGLE_RANK_PER_STAGE),
+}
+PIPELINED = ("--parallelism.pipeline_parallel_degree", "2")
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def qwen_run(request, tmp_path_factory):
+    config, job_args = MODELS[request.param]
+    run = seeded_runner(
+        tmp_path_factory, request.param, config, 3, job_args, (smaller_vocab.__name__,)
+    )
+    run.moe = request.param == "moe"
+    return run
+
+
+@pytest.fixture(scope="module")
+def qwen_unpipelined(qwen_run):
+    return qwen_run(1, "--parallelism.pipeline_parallel_degree", "1", name="unpipelined")
+
+
+def _assert_matches(qwen_run, run, reference, schedule: str) -> None:
+    assert f"Using pipeline schedule {schedule} on the stage layout" in run.output
+    assert_same_training(run, reference)
+    if qwen_run.moe:
+        assert_same_expert_biases(run, reference)
+
+
+def test_seq1f1b_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
+    """Seq1F1B, k = 4 balanced segments: the job's defaults."""
+    pipelined = qwen_run(2, *PIPELINED, name="pp2")
+    _assert_matches(qwen_run, pipelined, qwen_unpipelined, "Seq1F1B")
+
+
+@pytest.fixture(scope="module")
+def qwen_plain_unpipelined(qwen_run):
+    """The non-pipelined run on the unchunked loss, for the split-backward schedules."""
+    return qwen_run(
+        1, "--parallelism.pipeline_parallel_degree", "1", name="plain_unpipelined",
+        more_launchers=(plain_loss.__name__,),
+    )
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("qwen_run", ["dense"], indirect=True)
+def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
+    """Two stages per rank, k = 2: stages 0 (layers 0-1) and 2 (layers 5-6) hold
+    GatedDeltaNet layers alone."""
+    pipelined = qwen_run(
+        2, *PIPELINED, *seq1f1b_args("InterleavedSeq1F1B"), "--seq1f1b.num_segments", "2",
+        name="interleaved",
+    )
+    _assert_matches(qwen_run, pipelined, qwen_unpipelined, "InterleavedSeq1F1B")
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    "schedule, more_args",
+    [("Seq1F1BZeroBubble", ("activation_checkpoint:full",)),
+     ("Seq1F1BZBV", ("activation_checkpoint:none",))],
+    ids=["zero_bubble_full_ac", "zbv"],
+)
+@pytest.mark.parametrize("qwen_run", ["dense"], indirect=True)
+def test_split_backward_pp2_matches_unpipelined(
+    qwen_run, qwen_plain_unpipelined, schedule, more_args
+):
+    """Input gradients (the state's and the conv tail's among them) before weight
+    gradients; under full checkpointing every segment is recomputed in both."""
+    pipelined = qwen_run(
+        2, *PIPELINED, *seq1f1b_args(schedule), *more_args, name=schedule,
+        more_launchers=(plain_loss.__name__,),
+    )
+    _assert_matches(qwen_run, pipelined, qwen_plain_unpipelined, schedule)
