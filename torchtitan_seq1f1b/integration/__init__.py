@@ -34,6 +34,7 @@ from torchtitan_seq1f1b._torch_compat import TORCH_RELEASE
 # some modules import torchtitan and this package must import without it.
 TOOLKIT = {
     "KernelTarget": "torchtitan_seq1f1b.attention",
+    "SegmentAwareLayer": "torchtitan_seq1f1b.attention",
     "attention_forward_ops": "torchtitan_seq1f1b.attention",
     "check_backend": "torchtitan_seq1f1b.attention",
     "DATASET_NAMES": "torchtitan_seq1f1b.data",
@@ -62,6 +63,8 @@ TOOLKIT = {
     "uses_planner": "torchtitan_seq1f1b.integration.segment_plan",
     "JobFacts": "torchtitan_seq1f1b.integration.summary",
     "run_summary": "torchtitan_seq1f1b.integration.summary",
+    "GatedDeltaNetConfig": "torchtitan_seq1f1b.linear_attention",
+    "SegmentAwareGatedDeltaNet": "torchtitan_seq1f1b.linear_attention",
 }
 
 __all__ = sorted(["install", "titan_release", *TOOLKIT])
