@@ -38,8 +38,6 @@ __all__ = ["import_registry", "seq1f1b_config", "seq1f1b_job", "torchtitan_confi
 
 # torchtitan's decoder families; the others (flux, muse_glimmer) are not language models.
 MODEL_FAMILIES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss", "kimi_k2_7")
-
-
 # Modules a registry imports that an extra of this package installs.
 EXTRAS = {"fla": "qwen35"}
 
