@@ -55,6 +55,17 @@ class GatedDeltaNetConfig:
         if self.conv_kernel_size < 1:
             raise ValueError(f"conv_kernel_size={self.conv_kernel_size} must be >= 1")
 
+    @property
+    def conv_channels(self) -> int:
+        """Channels ``C`` of the conv and its tail: q, k and v, ``2 HK K + HV V``."""
+        return 2 * self.n_key_heads * self.key_head_dim + self.n_value_heads * self.value_head_dim
+
+    def carry_bytes(self, tail_dtype_bytes: int = 2) -> int:
+        """Bytes one row carries across one cut (:mod:`.carry`): the float32 state
+        ``(HV, K, V)`` and the conv tail ``(W - 1, C)`` of ``tail_dtype_bytes`` each."""
+        state = 4 * self.n_value_heads * self.key_head_dim * self.value_head_dim
+        return state + (self.conv_kernel_size - 1) * self.conv_channels * tail_dtype_bytes
+
 
 class GatedRMSNorm(nn.Module):
     """weight * rmsnorm(x) * silu(gate) over the last dim; x, gate: (..., dim)."""

@@ -8,6 +8,7 @@ from functools import cached_property
 
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.context_parallel import check_context_parallel, context_parallel_align
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig
 from torchtitan_seq1f1b.planner import (
     ContextParallelCost,
     even_stage_blocks,
@@ -23,7 +24,13 @@ from torchtitan_seq1f1b.segmenting import (
 from torchtitan_seq1f1b.tools.simulate.schedules import SCHEDULE_SPECS, SCHEDULES, ScheduleSpec
 
 __all__ = [
-    "runtime_memory_model","PARTITIONS", "MemoryModel", "SimConfig", "schedule_order"]
+    "runtime_memory_model",
+    "PARTITIONS",
+    "MemoryModel",
+    "SimConfig",
+    "linear_attention_shape",
+    "schedule_order",
+]
 
 PARTITIONS = ("uniform", "causal-balanced", "balanced", "time")
 
@@ -80,6 +87,9 @@ class SimConfig:
     (:class:`~torchtitan_seq1f1b.planner.ContextParallelCost`); without a time
     model ``device_flops``, the FLOP/s one rank achieves, converts those seconds
     into forwards.
+    ``linear_attention``: the shape of the model's ``model.linear_layers``
+    GatedDeltaNet layers, whose carried state replaces their K/V store
+    (default :func:`linear_attention_shape`).
     """
 
     model: TransformerCost
@@ -104,12 +114,15 @@ class SimConfig:
     cp_bytes_per_second: float = ContextParallelCost.bytes_per_second
     cp_latency: float = ContextParallelCost.latency
     device_flops: float = 400e12
+    linear_attention: GatedDeltaNetConfig | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_SPECS:
             raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.v is None:
             object.__setattr__(self, "v", self.spec.min_chunks)
+        if self.linear_attention is None:
+            object.__setattr__(self, "linear_attention", linear_attention_shape(self.model))
         for name in ("seq_len", "pp", "microbatches", "segments", "tp", "dp", "v", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -202,6 +215,19 @@ class SimConfig:
     def layers_per_stage(self) -> list[int]:
         """Blocks per stage; a remainder goes to the earliest stages."""
         return list(even_stage_blocks(self.model.n_layers, self.num_stages))
+
+
+def linear_attention_shape(model: TransformerCost) -> GatedDeltaNetConfig:
+    """GatedDeltaNet layers shaped like the model's attention, as
+    :meth:`TransformerCost.recurrence_flops` prices them: a value head per query
+    head, a key head per K/V head, conv width 4."""
+    return GatedDeltaNetConfig(
+        dim=model.dim,
+        n_key_heads=model.n_kv_heads,
+        n_value_heads=model.n_heads,
+        key_head_dim=model.head_dim,
+        value_head_dim=model.value_head_dim,
+    )
 
 
 def schedule_order(config: SimConfig) -> Order:
