@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torchtitan_seq1f1b.attention.binding import SegmentAwareLayer
 from torchtitan_seq1f1b.linear_attention.conv import document_causal_conv
 from torchtitan_seq1f1b.linear_attention.ops import conv_tail, recurrence
+from torchtitan_seq1f1b.segmenting import TransformerCost
 
 __all__ = ["GatedDeltaNetConfig", "GatedRMSNorm", "SegmentAwareGatedDeltaNet"]
 
@@ -59,6 +60,18 @@ class GatedDeltaNetConfig:
     def conv_channels(self) -> int:
         """Channels ``C`` of the conv and its tail: q, k and v, ``2 HK K + HV V``."""
         return 2 * self.n_key_heads * self.key_head_dim + self.n_value_heads * self.value_head_dim
+
+    @classmethod
+    def like_attention(cls, cost: TransformerCost) -> "GatedDeltaNetConfig":
+        """Layers shaped like ``cost``'s attention, as :meth:`TransformerCost.recurrence_flops`
+        prices them: a value head per query head, a key head per K/V head, conv width 4."""
+        return cls(
+            dim=cost.dim,
+            n_key_heads=cost.n_kv_heads,
+            n_value_heads=cost.n_heads,
+            key_head_dim=cost.head_dim,
+            value_head_dim=cost.value_head_dim,
+        )
 
     def carry_bytes(self, tail_dtype_bytes: int = 2) -> int:
         """Bytes one row carries across one cut (:mod:`.carry`): the float32 state

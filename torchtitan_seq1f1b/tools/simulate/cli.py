@@ -13,7 +13,6 @@ from torchtitan_seq1f1b.planner import ContextParallelCost
 from torchtitan_seq1f1b.segmenting import DocumentLengths, TransformerCost
 from torchtitan_seq1f1b.tools.model_shapes import get_preset, MODEL_PRESETS
 from torchtitan_seq1f1b.tools.simulate.config import (
-    linear_attention_shape,
     MemoryModel,
     PARTITIONS,
     SimConfig,
@@ -292,7 +291,7 @@ def _linear_attention_from_args(
     given = {field: getattr(args, option) for option, field in _LINEAR_SHAPE_OPTIONS.items()}
     try:
         shape = replace(
-            linear_attention_shape(model),
+            GatedDeltaNetConfig.like_attention(model),
             **{field: value for field, value in given.items() if value is not None},
         )
     except ValueError as error:

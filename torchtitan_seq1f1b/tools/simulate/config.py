@@ -28,7 +28,6 @@ __all__ = [
     "PARTITIONS",
     "MemoryModel",
     "SimConfig",
-    "linear_attention_shape",
     "schedule_order",
 ]
 
@@ -89,7 +88,7 @@ class SimConfig:
     into forwards.
     ``linear_attention``: the shape of the model's ``model.linear_layers``
     GatedDeltaNet layers, whose carried state replaces their K/V store
-    (default :func:`linear_attention_shape`).
+    (default :meth:`GatedDeltaNetConfig.like_attention`).
     """
 
     model: TransformerCost
@@ -122,7 +121,7 @@ class SimConfig:
         if self.v is None:
             object.__setattr__(self, "v", self.spec.min_chunks)
         if self.linear_attention is None:
-            object.__setattr__(self, "linear_attention", linear_attention_shape(self.model))
+            object.__setattr__(self, "linear_attention", GatedDeltaNetConfig.like_attention(self.model))
         for name in ("seq_len", "pp", "microbatches", "segments", "tp", "dp", "v", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -215,19 +214,6 @@ class SimConfig:
     def layers_per_stage(self) -> list[int]:
         """Blocks per stage; a remainder goes to the earliest stages."""
         return list(even_stage_blocks(self.model.n_layers, self.num_stages))
-
-
-def linear_attention_shape(model: TransformerCost) -> GatedDeltaNetConfig:
-    """GatedDeltaNet layers shaped like the model's attention, as
-    :meth:`TransformerCost.recurrence_flops` prices them: a value head per query
-    head, a key head per K/V head, conv width 4."""
-    return GatedDeltaNetConfig(
-        dim=model.dim,
-        n_key_heads=model.n_kv_heads,
-        n_value_heads=model.n_heads,
-        key_head_dim=model.head_dim,
-        value_head_dim=model.value_head_dim,
-    )
 
 
 def schedule_order(config: SimConfig) -> Order:
