@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from torchtitan_seq1f1b.attention.binding import SegmentAwareLayer
+from torchtitan_seq1f1b.linear_attention.backends import RECURRENCE_BACKENDS
 from torchtitan_seq1f1b.linear_attention.conv import document_causal_conv
 from torchtitan_seq1f1b.linear_attention.ops import conv_tail, recurrence
 from torchtitan_seq1f1b.segmenting import TransformerCost
@@ -38,7 +39,9 @@ __all__ = ["GatedDeltaNetConfig", "GatedRMSNorm", "SegmentAwareGatedDeltaNet"]
 
 @dataclass(frozen=True)
 class GatedDeltaNetConfig:
-    """Shapes of a GatedDeltaNet layer (qwen3_5's ``debugmodel``: 256, 2, 4, 64, 64)."""
+    """Shapes of a GatedDeltaNet layer (qwen3_5's ``debugmodel``: 256, 2, 4, 64, 64),
+    and where its recurrence runs: ``recurrence_backend`` "auto", "fla" or "exact"
+    (:mod:`.backends`)."""
 
     dim: int
     n_key_heads: int
@@ -47,8 +50,14 @@ class GatedDeltaNetConfig:
     value_head_dim: int
     conv_kernel_size: int = 4
     norm_eps: float = 1e-6
+    recurrence_backend: str = "auto"
 
     def __post_init__(self):
+        if self.recurrence_backend not in ("auto", *RECURRENCE_BACKENDS):
+            raise ValueError(
+                f"recurrence_backend={self.recurrence_backend!r} is unknown; choose one of "
+                f"{['auto', *RECURRENCE_BACKENDS]}"
+            )
         if self.n_value_heads % self.n_key_heads:
             raise ValueError(
                 f"n_value_heads={self.n_value_heads} must be a multiple of n_key_heads={self.n_key_heads}"
