@@ -31,9 +31,11 @@ from torchtitan_seq1f1b.attention.torch_varlen import (
     varlen_attention,
 )
 from torchtitan_seq1f1b.attention.cuda_mem_efficient import lower_right_causal_attention_cuda
+from torchtitan_seq1f1b.linear_attention import delta_rule_backward, delta_rule_forward
 
 __all__ = [
     "FakeEfficientAttentionOps",
+    "FakeFla",
     "FakeFlashAttnFunc",
     "FakeFlashAttnVarlenFunc",
     "FakeTorchFlashOps",
@@ -319,3 +321,93 @@ def stand_in_backend(kind: str) -> tuple[AttentionBackend, _Recorder]:
         raise ValueError(f"no stand-in for {kind!r}")
     backend.varlen_fake = varlen
     return backend, fake
+
+
+def _fla_chunk_indices(cu_seqlens: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
+    """(chunks, 2): (sequence, chunk within it) of every ``chunk_size`` chunk, as fla counts them."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    pairs = [(n, i) for n, length in enumerate(lengths) for i in range(-(-length // chunk_size))]
+    return torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
+
+
+class FakeFla:
+    """fla 0.6's ``chunk_gated_delta_rule`` (its signature) and the backward
+    :mod:`torchtitan_seq1f1b.linear_attention._fla` calls, computed sequence by
+    sequence with the exact path in the inputs' dtype; ``calls`` records each
+    call's cu_seqlens, initial states, final states, dht and dh0.
+
+    Layouts as fla's: (B, T, H, K) or, with ``cu_seqlens`` (N + 1,) int64,
+    one batch of N sequences back to back; states (N, HV, K, V).
+    """
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    chunk_indices = staticmethod(_fla_chunk_indices)
+
+    @staticmethod
+    def _sequences(q, initial_state, cu_seqlens, chunk_indices):
+        """(batch index, token slice) per sequence, after checking fla's varlen contract."""
+        if cu_seqlens is None:
+            assert chunk_indices is None
+            return [(b, slice(None)) for b in range(q.shape[0])]
+        assert q.shape[0] == 1, "fla's varlen takes one batch"
+        assert cu_seqlens.dtype == torch.int64 and cu_seqlens.dim() == 1
+        assert cu_seqlens.device == q.device
+        bounds = cu_seqlens.tolist()
+        assert bounds[0] == 0 and bounds[-1] == q.shape[1], "cu_seqlens cover the tokens"
+        assert all(b > a for a, b in zip(bounds, bounds[1:])), "no empty sequence"
+        assert torch.equal(chunk_indices.cpu(), _fla_chunk_indices(cu_seqlens.cpu()))
+        assert initial_state is None or initial_state.shape[0] == len(bounds) - 1
+        return [(0, slice(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+    @_on_device
+    def chunk_gated_delta_rule(
+        self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+        use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+        chunk_indices=None, cp_context=None, **kwargs,
+    ):
+        assert use_qk_l2norm_in_kernel and output_final_state and scale is not None
+        assert not (use_beta_sigmoid_in_kernel or state_v_first or kwargs or cp_context)
+        assert q.shape == k.shape and v.shape[2] % q.shape[2] == 0
+        outs, finals = [], []
+        for n, (b, tokens) in enumerate(self._sequences(q, initial_state, cu_seqlens, chunk_indices)):
+            h0 = None if initial_state is None else initial_state[n : n + 1]
+            o, final = delta_rule_forward(
+                *(x[b : b + 1, tokens] for x in (q, k, v, g, beta)), scale, h0
+            )
+            outs.append(o)
+            finals.append(final)
+        o = torch.cat(outs, dim=1 if cu_seqlens is not None else 0)
+        final = torch.cat(finals)
+        self.calls.append(dict(
+            kind="forward", cu_seqlens=None if cu_seqlens is None else cu_seqlens.tolist(),
+            initial_state=initial_state, final_state=final,
+        ))
+        return o, final
+
+    @_on_device
+    def chunk_gated_delta_rule_backward(
+        self, do, dht, q, k, v, g, beta, scale, initial_state, cu_seqlens=None,
+        chunk_indices=None,
+    ):
+        sequences = self._sequences(q, initial_state, cu_seqlens, chunk_indices)
+        assert dht is None or dht.shape[0] == len(sequences)
+        grads, dh0 = [[] for _ in range(5)], []
+        for n, (b, tokens) in enumerate(sequences):
+            h0 = None if initial_state is None else initial_state[n : n + 1]
+            got = delta_rule_backward(
+                do[b : b + 1, tokens], None if dht is None else dht[n : n + 1],
+                *(x[b : b + 1, tokens] for x in (q, k, v, g, beta)), scale, h0,
+            )
+            for grad, part in zip(grads, (got.q, got.k, got.v, got.g, got.beta)):
+                grad.append(part)
+            dh0.append(got.initial_state)
+        dim = 1 if cu_seqlens is not None else 0
+        dh0 = None if initial_state is None else torch.cat(dh0)
+        self.calls.append(dict(
+            kind="backward", cu_seqlens=None if cu_seqlens is None else cu_seqlens.tolist(),
+            initial_state=initial_state, dht=dht, dh0=dh0,
+        ))
+        return (*(torch.cat(grad, dim=dim) for grad in grads), dh0)

@@ -56,6 +56,7 @@ from torchtitan_seq1f1b.orders import (
     validate_order,
 )
 from torchtitan_seq1f1b.stepping.microbatch_inputs import split_microbatches
+from torchtitan_seq1f1b.stepping.parameter_grads import parameter_grads_kept
 from torchtitan_seq1f1b.stepping.receives import receives_first
 from torchtitan_seq1f1b.stepping.rank_errors import InputCheck
 from torchtitan_seq1f1b.stepping.segment_inputs import SegmentSplitter
@@ -235,7 +236,8 @@ class ScheduleSeq1F1B(PipelineRuntime):
         return [n // degree for n in self.segment_plan.lengths] * self.n_real_microbatches
 
     def _initialize_stages(self, args, kwargs, target=None, loss_kwargs=None):
-        super()._initialize_stages(args, kwargs, target, loss_kwargs)
+        with parameter_grads_kept(self._stages):
+            super()._initialize_stages(args, kwargs, target, loss_kwargs)
         for stage in self._stages:
             resize_recv_buffers(stage, self._chunk_seq_lens, self._seq_dim)
 

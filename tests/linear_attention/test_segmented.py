@@ -20,6 +20,7 @@ from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention
 from torchtitan_seq1f1b.kv_store import KVStore, RunningUnit
 from torchtitan_seq1f1b.linear_attention import ops
+from torchtitan_seq1f1b.linear_attention.backends import ExactRecurrence
 from torchtitan_seq1f1b.linear_attention.carry import Carry, LayerCarries
 
 from tests.linear_attention.gdn_runs import (
@@ -72,13 +73,13 @@ def test_split_backward_and_checkpointing(split, checkpointed, monkeypatch):
     kept, forwards = [], []
     keep = Carry.keep
     monkeypatch.setattr(Carry, "keep", lambda self, *a: kept.append(keep(self, *a)) or kept[-1])
-    forward = ops.delta_rule_forward
+    forward = ExactRecurrence.forward
 
     def counted(*args):  # a hook on the layer would miss recomputes, which stop after the op
         forwards.append(layer.kv_store.running.unit.segment)
         return forward(*args)
 
-    monkeypatch.setattr(ops, "delta_rule_forward", counted)
+    monkeypatch.setattr(ExactRecurrence, "forward", counted)
     compare(segmented(layer, x, grad_out, plan, ids, split, checkpointed), expected, FAMILIES[1])
     last = plan.num_segments - 1
     recomputed = forwards[plan.num_segments :]

@@ -10,10 +10,12 @@ it must produce (positive fits, bytes that match the store's layout, the cache).
 
 import importlib
 import re
+from dataclasses import replace
 
 import pytest
 import torch
 
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig
 from torchtitan_seq1f1b.orders import replay, seq1f1b_order
 from torchtitan_seq1f1b.planner import (
     AutoPlanRequest,
@@ -39,6 +41,7 @@ from torchtitan_seq1f1b.planner import (
     TimeModel,
     UnitTime,
 )
+from torchtitan_seq1f1b.planner.auto import _linear_fields
 from torchtitan_seq1f1b.planner.llama_block import LlamaBlock
 from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B, ScheduleSeq1F1BZBV
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
@@ -344,6 +347,38 @@ def test_the_first_stage_runs_its_whole_backward_in_w():
         return replay(order, seconds).makespan
 
     assert estimate(plan, "uniform", shape, model).step_seconds == replayed(True) != replayed(False)
+
+
+def test_gated_delta_net_blocks_carry_a_state_instead_of_a_kv_store():
+    # Rank 0 of 2, 2 blocks, half of them GatedDeltaNet, k = 4 uniform at 64 tokens.
+    # The softmax block's store: 64 x 10 per microbatch, its bank 48 x 10. At the peak the
+    # first microbatch has banked its gradients and both have run three of their
+    # segments, each leaving a 1000-byte carry per GatedDeltaNet block for the next;
+    # the bank holds 3000 more. Activations as without: 5 units of 3200.
+    shape = replace(_shape(), linear_share=0.5, carry_bytes=1000, carry_grad_bytes=3000)
+    result = estimate(SegmentPlan.uniform(64, 4), "uniform", shape, _model(per_pair=0.0))
+    assert result.peak_bytes[0] == 16000 + 2 * 640 + 480 + 6 * 1000 + 3000
+    # The carry does not grow with the sequence; the K/V store does.
+    longer = estimate(SegmentPlan.uniform(128, 4), "uniform", shape, _model(per_pair=0.0))
+    assert longer.peak_bytes[0] - result.peak_bytes[0] == 16000 + 2 * 640 + 480
+
+
+def test_a_request_with_gated_delta_net_layers_shapes_the_carry():
+    request = AutoPlanRequest(
+        shape=replace(SHAPE, linear_layers=3), seq_len=64, num_ranks=2, stages_per_rank=1,
+        microbatches=2, order_for=ScheduleSeq1F1B.order_for, microbatch_size=2,
+        dtype=torch.bfloat16,
+    )
+    layer = GatedDeltaNetConfig.like_attention(SHAPE)
+    state = 4 * SHAPE.n_heads * SHAPE.head_dim * SHAPE.value_head_dim
+    tail = 3 * (2 * SHAPE.n_kv_heads * SHAPE.head_dim + SHAPE.n_heads * SHAPE.value_head_dim)
+    assert layer.carry_bytes(2) == state + 2 * tail
+    fields = _linear_fields(request)
+    assert fields == {
+        "linear_share": 3 / SHAPE.n_layers,
+        "carry_bytes": 2 * (state + 2 * tail),
+        "carry_grad_bytes": 2 * (state + 4 * tail),
+    }
 
 
 # ---- context parallelism --------------------------------------------------------------

@@ -20,6 +20,7 @@ from torchtitan_seq1f1b import (
     validate_order,
 )
 from torchtitan_seq1f1b._torch_compat.introspection import torch_schedule_order
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig
 from torchtitan_seq1f1b.orders import gpipe_order, replay, v_stage_to_rank
 from torchtitan_seq1f1b.planner import estimate, PipelineShape, RuntimeOverhead, TimeModel, UnitTime
 from torchtitan_seq1f1b.tools.model_shapes import get_preset, layer_params
@@ -325,6 +326,67 @@ def test_kv_store_only_for_segments():
     assert simulate(_config("Seq1F1B", p=4, m=4)).ranks[0].peak_kv_bytes > 0
 
 
+# ---- linear attention -----------------------------------------------------------
+
+# qwen3_5 4B's shape: 32 layers, 16 query / 4 K/V heads of 256; GatedDeltaNet 16 key and
+# 32 value heads of 128, conv width 4.
+QWEN35_4B = TransformerCost(n_layers=32, dim=2560, n_heads=16, n_kv_heads=4, qk_head_dim=256,
+                            ffn_hidden_dim=9216, vocab_size=248320)
+QWEN35_4B_GDN = GatedDeltaNetConfig(dim=2560, n_key_heads=16, n_value_heads=32,
+                                    key_head_dim=128, value_head_dim=128)
+
+
+def _store_bytes(linear_layers, seq_len, p=4, m=8, k=4):
+    config = SimConfig(
+        model=replace(QWEN35_4B, linear_layers=linear_layers), seq_len=seq_len, pp=p,
+        microbatches=m, segments=k, partition="uniform", linear_attention=QWEN35_4B_GDN,
+    )
+    return simulate(config).ranks[0].peak_kv_bytes
+
+
+def test_linear_attention_store_does_not_grow_with_the_sequence():
+    assert _store_bytes(32, 32768) == _store_bytes(32, 131072) > 0
+    assert _store_bytes(0, 131072) == 4 * _store_bytes(0, 32768)
+
+
+def test_linear_attention_store_of_one_microbatch_is_the_carry_formula():
+    # pp = 1, m = 1, k = 4: the peak is at the first backward. A softmax layer holds bf16
+    # K/V of the 32k sequence and fp32 gradients of its first 24k positions; a GDN layer
+    # 3 bf16-tail carries and one fp32 gradient of one: the fp32 32 x 128 x 128 state and
+    # the 3 x (2 x 16 x 128 + 32 x 128) tail.
+    state, tail = 4 * 32 * 128 * 128, 3 * (2 * 16 * 128 + 32 * 128)
+    softmax = 2 * 4 * 256 * (32768 * 2 + 24576 * 4)
+    linear = 3 * (state + 2 * tail) + state + 4 * tail
+    assert _store_bytes(0, 32768, p=1, m=1) == 32 * softmax
+    assert _store_bytes(24, 32768, p=1, m=1) == 8 * softmax + 24 * linear
+
+
+def test_qwen3_5_store_is_a_quarter_of_softmax_plus_the_states():
+    # Layers of both kinds spread evenly over the stages: every stage holds 2 + 6.
+    for seq_len in (32768, 131072):
+        quarter = _store_bytes(0, seq_len) / 4
+        assert _store_bytes(24, seq_len) == quarter + _store_bytes(32, seq_len) * 3 / 4
+
+
+def test_linear_attention_shape_defaults_to_the_attention_heads():
+    config = SimConfig(model=replace(SMALL, linear_layers=8), seq_len=4096, pp=2,
+                       microbatches=2)
+    assert config.linear_attention == GatedDeltaNetConfig(
+        dim=4096, n_key_heads=32, n_value_heads=32, key_head_dim=128, value_head_dim=128
+    )
+
+
+def test_cli_linear_attention_options(tmp_path):
+    peaks = []
+    for linear in ([], ["--linear-layers", "24", "--linear-value-heads", "64"]):
+        path = tmp_path / "out.json"
+        argv = ["--model", "paper-7b", "--seq-len", "8192", "--pp", "4", "-m", "8",
+                "--schedule", "Seq1F1B", "--json", str(path), *linear]
+        assert main(argv) == 0
+        peaks.append(json.loads(path.read_text())[0]["peak_memory_bytes"][0])
+    assert peaks[1] < peaks[0]
+
+
 # ---- context parallelism --------------------------------------------------------
 
 # One block per stage; a token leaves (4 + 2 + 2) * 8 + (2 + 4 / 2 + 2) * 8 + 8 * 16 = 240
@@ -507,6 +569,12 @@ def test_sim_config_chunks():
      "number >= 0"),
     (["--layers", "4", "--dim", "100", "--heads", "3", "--seq-len", "64", "--pp", "2", "-m", "2"],
      "not divisible"),
+    (["--model", "paper-7b", "--seq-len", "1024", "--pp", "2", "-m", "4", "--linear-layers",
+      "33"], "--linear-layers 33: the model has 32 layers; give at most 32"),
+    (["--model", "paper-7b", "--seq-len", "1024", "--pp", "2", "-m", "4", "--linear-layers",
+      "-1"], "argument --linear-layers: expected an integer >= 0, got -1"),
+    (["--model", "paper-7b", "--seq-len", "1024", "--pp", "2", "-m", "4", "--linear-layers",
+      "8", "--linear-key-heads", "3"], "n_value_heads=32 must be a multiple of n_key_heads=3"),
     (["--model", "paper-7b", "--seq-len", "1024", "--pp", "2", "-m", "4", "--cp", "0"],
      "argument --cp: expected a positive integer, got 0"),
     (["--model", "paper-7b", "--seq-len", "1000", "--pp", "2", "-m", "4", "--cp", "3"],

@@ -195,6 +195,7 @@ def build_schedule(
     pp_group=None,
     context_parallel=None,
     device: torch.device | None = None,
+    loss_fn=token_sum_cross_entropy,
 ) -> tuple[ScheduleSeq1F1B, list[TinyTransformer], list[int]]:
     """``case.schedule`` over this rank's stages: (schedule, model parts, stage indices).
 
@@ -203,7 +204,7 @@ def build_schedule(
     attention layer runs ``attention_backend`` if given (the exact one otherwise).
     With ``pp_group`` (the default group if None), ``rank`` and ``world_size`` are
     the rank's place in it; ``context_parallel`` is the schedule's CP group; ``device``
-    the rank's (``case.rank_device(rank)`` if None).
+    the rank's (``case.rank_device(rank)`` if None); ``loss_fn`` the last stage's.
     """
     device = device or case.rank_device(rank)
     model = case.model(device)
@@ -226,7 +227,7 @@ def build_schedule(
         stages,
         case.n_microbatches,
         case.plan,
-        loss_fn=token_sum_cross_entropy,
+        loss_fn=loss_fn,
         positions_kwarg="positions",
         document_ids_kwarg="document_ids",
         context_parallel=context_parallel,

@@ -160,9 +160,14 @@ class TinyTransformer(nn.Module):
         self.compiled_blocks: dict[str, nn.Module] = {}
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        if positions is None:
-            positions = torch.arange(x.shape[1], device=x.device)[None]
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        return self.decode(h, positions)
+
+    def decode(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """This part's blocks, norm and output on hidden states h (batch, seq_len, dim)
+        at positions (1 or batch, seq_len), 0..seq_len-1 if None."""
+        if positions is None:
+            positions = torch.arange(h.shape[1], device=h.device)[None]
         for name, block in self.layers.items():
             if name in self.compiled_blocks:
                 h = self.compiled_blocks[name](h, positions)

@@ -108,14 +108,15 @@ def delta_rule_forward(
 
 @dataclass(frozen=True)
 class DeltaRuleGrads:
-    """Gradients of :func:`delta_rule_forward`'s inputs, in their shapes."""
+    """Gradients of :func:`delta_rule_forward`'s inputs, in their shapes; a backend
+    given no initial state may leave its gradient None."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     g: torch.Tensor
     beta: torch.Tensor
-    initial_state: torch.Tensor
+    initial_state: torch.Tensor | None
 
 
 def delta_rule_backward(

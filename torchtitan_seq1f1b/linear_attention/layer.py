@@ -29,15 +29,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from torchtitan_seq1f1b.attention.binding import SegmentAwareLayer
+from torchtitan_seq1f1b.linear_attention.backends import RECURRENCE_BACKENDS
 from torchtitan_seq1f1b.linear_attention.conv import document_causal_conv
 from torchtitan_seq1f1b.linear_attention.ops import conv_tail, recurrence
+from torchtitan_seq1f1b.segmenting import TransformerCost
 
 __all__ = ["GatedDeltaNetConfig", "GatedRMSNorm", "SegmentAwareGatedDeltaNet"]
 
 
 @dataclass(frozen=True)
 class GatedDeltaNetConfig:
-    """Shapes of a GatedDeltaNet layer (qwen3_5's ``debugmodel``: 256, 2, 4, 64, 64)."""
+    """Shapes of a GatedDeltaNet layer (qwen3_5's ``debugmodel``: 256, 2, 4, 64, 64),
+    and where its recurrence runs: ``recurrence_backend`` "auto", "fla" or "exact"
+    (:mod:`.backends`)."""
 
     dim: int
     n_key_heads: int
@@ -46,14 +50,43 @@ class GatedDeltaNetConfig:
     value_head_dim: int
     conv_kernel_size: int = 4
     norm_eps: float = 1e-6
+    recurrence_backend: str = "auto"
 
     def __post_init__(self):
+        if self.recurrence_backend not in ("auto", *RECURRENCE_BACKENDS):
+            raise ValueError(
+                f"recurrence_backend={self.recurrence_backend!r} is unknown; choose one of "
+                f"{['auto', *RECURRENCE_BACKENDS]}"
+            )
         if self.n_value_heads % self.n_key_heads:
             raise ValueError(
                 f"n_value_heads={self.n_value_heads} must be a multiple of n_key_heads={self.n_key_heads}"
             )
         if self.conv_kernel_size < 1:
             raise ValueError(f"conv_kernel_size={self.conv_kernel_size} must be >= 1")
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels ``C`` of the conv and its tail: q, k and v, ``2 HK K + HV V``."""
+        return 2 * self.n_key_heads * self.key_head_dim + self.n_value_heads * self.value_head_dim
+
+    @classmethod
+    def like_attention(cls, cost: TransformerCost) -> "GatedDeltaNetConfig":
+        """Layers shaped like ``cost``'s attention, as :meth:`TransformerCost.recurrence_flops`
+        prices them: a value head per query head, a key head per K/V head, conv width 4."""
+        return cls(
+            dim=cost.dim,
+            n_key_heads=cost.n_kv_heads,
+            n_value_heads=cost.n_heads,
+            key_head_dim=cost.head_dim,
+            value_head_dim=cost.value_head_dim,
+        )
+
+    def carry_bytes(self, tail_dtype_bytes: int = 2) -> int:
+        """Bytes one row carries across one cut (:mod:`.carry`): the float32 state
+        ``(HV, K, V)`` and the conv tail ``(W - 1, C)`` of ``tail_dtype_bytes`` each."""
+        state = 4 * self.n_value_heads * self.key_head_dim * self.value_head_dim
+        return state + (self.conv_kernel_size - 1) * self.conv_channels * tail_dtype_bytes
 
 
 class GatedRMSNorm(nn.Module):

@@ -28,10 +28,11 @@ checkpoint recompute reads the same carries and keeps nothing again.
 
 import torch
 
+from torchtitan_seq1f1b.attention import KernelTarget
 from torchtitan_seq1f1b.attention.binding import bound_to
 from torchtitan_seq1f1b.kv_store import RunningUnit
+from torchtitan_seq1f1b.linear_attention.backends import check_recurrence_backend
 from torchtitan_seq1f1b.linear_attention.carry import LayerCarries
-from torchtitan_seq1f1b.linear_attention.delta_rule import delta_rule_backward, delta_rule_forward
 
 __all__ = ["conv_tail", "recurrence"]
 
@@ -48,6 +49,16 @@ def _carries(handle: torch.Tensor, like: torch.Tensor):
     if running.context is not None:
         raise NotImplementedError("GatedDeltaNet layers do not run under context parallelism")
     return store.layer_state(layer, LayerCarries, like), running, store
+
+
+def _backend(handle: torch.Tensor, q: torch.Tensor):
+    """The layer's recurrence backend for q (B, L, HV, K)'s device, dtype and K."""
+    layer, _ = bound_to(handle, "a GatedDeltaNet op")
+    return check_recurrence_backend(layer.config.recurrence_backend, KernelTarget.of(q))
+
+
+def _segment_documents(running: RunningUnit | None):
+    return None if running is None else running.segment_documents
 
 
 def _last(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -146,7 +157,8 @@ def recurrence(
     handle: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """The gated delta rule of the running segment (:func:`.delta_rule.delta_rule_forward`).
+    """The gated delta rule of the running segment (:func:`.delta_rule.delta_rule_forward`),
+    on the layer's backend.
 
     q, k: (B, L, H, K) before L2 norm, heads repeated to the value heads;
     v: (B, L, H, V); g, beta: (B, L, H); doc_positions: (B, L) int, each
@@ -154,7 +166,9 @@ def recurrence(
     """
     carries, running, store = _carries(handle, q)
     initial = None if carries is None else carries.state.incoming(running.unit.segment)
-    o, final = delta_rule_forward(q, k, v, g, beta, scale, initial, doc_positions == 0)
+    o, final = _backend(handle, q).forward(
+        q, k, v, g, beta, scale, initial, doc_positions, _segment_documents(running)
+    )
     if carries is not None and running.unit.segment + 1 < running.plan.num_segments:
         if carries.state.keep(running.unit.segment + 1, final):
             store.record_peak()
@@ -186,8 +200,9 @@ def recurrence_backward(
         segment = running.unit.segment
         initial = carries.state.incoming(segment)
         grad_final = carries.state.take_grad(segment, segment + 1 == running.plan.num_segments)
-    grads = delta_rule_backward(
-        grad_o, grad_final, q, k, v, g, beta, scale, initial, doc_positions == 0
+    grads = _backend(handle, q).backward(
+        grad_o, grad_final, q, k, v, g, beta, scale, initial, doc_positions,
+        _segment_documents(running),
     )
     if carries is not None:
         carries.state.bank_grad(running.unit.segment, grads.initial_state)

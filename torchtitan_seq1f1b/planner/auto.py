@@ -12,6 +12,7 @@ import torch
 
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.context_parallel import check_context_parallel
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig
 from torchtitan_seq1f1b.planner.calibrate import (
     cached_calibration,
     chain_within,
@@ -136,7 +137,7 @@ def recommend_for(request: AutoPlanRequest, model: TimeModel) -> Recommendation:
         )
 
     return recommend(
-        PipelineShape.even(request.shape.n_layers, stages, order),
+        PipelineShape.even(request.shape.n_layers, stages, order, **_linear_fields(request)),
         model,
         request.shape,
         request.seq_len,
@@ -146,3 +147,17 @@ def recommend_for(request: AutoPlanRequest, model: TimeModel) -> Recommendation:
         segment_counts=request.segment_counts,
         context_parallel=request.context_parallel_cost,
     )
+
+
+def _linear_fields(request: AutoPlanRequest) -> dict[str, float]:
+    """:class:`PipelineShape`'s GatedDeltaNet fields for ``request.shape.linear_layers``,
+    shaped like the attention (:meth:`GatedDeltaNetConfig.like_attention`)."""
+    cost = request.shape
+    if not cost.linear_layers:
+        return {}
+    layer, rows = GatedDeltaNetConfig.like_attention(cost), request.microbatch_size
+    return {
+        "linear_share": cost.linear_layers / cost.n_layers,
+        "carry_bytes": layer.carry_bytes(request.dtype.itemsize) * rows,
+        "carry_grad_bytes": layer.carry_bytes(4) * rows,
+    }

@@ -42,24 +42,34 @@ class PipelineShape:
         stage_blocks: transformer blocks on each stage, by stage index; the
             last stage also holds the head.
         order: the schedule's per-rank order for ``k`` segments per microbatch.
+        linear_share: the share of every stage's blocks that are GatedDeltaNet
+            (the model's share, spread evenly); they keep no K/V store.
+        carry_bytes: what one GatedDeltaNet block carries across one cut for a
+            microbatch (fp32 state and conv tail); ``carry_grad_bytes`` its
+            banked fp32 gradient.
     """
 
     stage_blocks: tuple[int, ...]
     order: Callable[[int], Order]
+    linear_share: float = 0.0
+    carry_bytes: float = 0.0
+    carry_grad_bytes: float = 0.0
 
     @property
     def last_stage(self) -> int:
         return len(self.stage_blocks) - 1
 
     @classmethod
-    def even(cls, n_layers: int, num_stages: int, order: Callable[[int], Order]) -> PipelineShape:
-        """Blocks split by :func:`even_stage_blocks`."""
+    def even(
+        cls, n_layers: int, num_stages: int, order: Callable[[int], Order], **linear
+    ) -> PipelineShape:
+        """Blocks split by :func:`even_stage_blocks`; ``linear``: the GatedDeltaNet fields."""
         if num_stages > n_layers:
             raise ValueError(
                 f"{num_stages} pipeline stages need at least as many blocks, the model has "
                 f"{n_layers}; use fewer pipeline ranks or stages per rank"
             )
-        return cls(even_stage_blocks(n_layers, num_stages), order)
+        return cls(even_stage_blocks(n_layers, num_stages), order, **linear)
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,8 @@ def _peak_bytes(
     model: TimeModel,
     context_parallel: int,
 ) -> int:
-    """Largest activation + K/V footprint of one rank of ``context_parallel`` over its order."""
+    """Largest activation + K/V (and GatedDeltaNet carry) footprint of one rank of
+    ``context_parallel`` over its order."""
     live: dict[tuple[int, int, int], float] = {}  # (stage, microbatch, segment)
     stores: dict[tuple[int, int], float] = {}  # (stage, microbatch)
     peak = 0.0
@@ -96,15 +107,22 @@ def _peak_bytes(
     for action in actions:
         stage, (microbatch, segment) = action.stage, action.unit
         blocks = shape.stage_blocks[stage]
+        linear = blocks * shape.linear_share
         if action.kind == "F":
             has_head = stage == shape.last_stage
             live[(stage, microbatch, segment)] = model.unit_activation_bytes(
                 plan.lengths[segment] // context_parallel, blocks, has_head
             )
-            stores.setdefault((stage, microbatch), blocks * model.kv_bytes * plan.seq_len)
+            stores.setdefault((stage, microbatch), (blocks - linear) * model.kv_bytes * plan.seq_len)
+            if segment < k - 1:  # what the next segment starts from
+                stores[(stage, microbatch)] += linear * shape.carry_bytes
         elif segment == k - 1 and action.kind in "BI" and k > 1:
-            # The first backward banks fp32 gradients of every key a later segment read.
-            stores[(stage, microbatch)] += blocks * model.kv_grad_bytes * plan.offsets[-1]
+            # The first backward banks fp32 gradients of every key a later segment read,
+            # and of the state and tail its segment started from.
+            stores[(stage, microbatch)] += (
+                (blocks - linear) * model.kv_grad_bytes * plan.offsets[-1]
+                + linear * shape.carry_grad_bytes
+            )
         peak = max(peak, sum(live.values()) + sum(stores.values()))
         if action.kind in "BW":
             del live[(stage, microbatch, segment)]

@@ -7,6 +7,7 @@
 - :mod:`.segment_inputs`: cuts them into units and merges units' outputs.
 - :mod:`.unit_compute`: surrounds every compute call of a unit.
 - :mod:`.receives`: places receives ahead of the computes that need them.
+- :mod:`.parameter_grads`: keeps parameter gradients across torch's metadata inference.
 - :mod:`.stage_layout`: checks stages, their placement and the segment plan.
 - :mod:`.rank_errors`: raises an input error on every rank that must know it.
 """

@@ -157,9 +157,6 @@ def test_every_problem_is_named_at_once():
         (lambda c: (setattr(c.seq1f1b, "schedule", "Seq1F1BZeroBubble"),
                     setattr(c, "activation_checkpoint", SelectiveAC.Config())),
          "activation_checkpoint:selective cannot run under seq1f1b.schedule='Seq1F1BZeroBubble'"),
-        (lambda c: (setattr(c.seq1f1b, "schedule", "Seq1F1BZBV"),
-                    setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=4))),
-         "loss ChunkedLossWrapper cannot run under seq1f1b.schedule='Seq1F1BZBV' yet"),
         (lambda c: setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=5)),
          "loss.num_chunks=5 must divide every segment length [16, 16, 16, 16]"),
         (lambda c: (setattr(c.seq1f1b, "num_segments", "auto"),
@@ -172,7 +169,7 @@ def test_every_problem_is_named_at_once():
         "num_segments", "num_segments_string", "auto_with_lengths", "auto_partition_with_lengths",
         "zero_budget", "negative_budget", "segment_lengths", "cp_segment_lengths",
         "cp_load_balancer", "cp_spmd_backend", "cp_validator", "selective_ac",
-        "chunked_loss_split_backward", "chunked_loss", "planned_chunked_loss",
+        "chunked_loss", "planned_chunked_loss",
     ],
 )
 def test_bad_option_is_named(change, message):

@@ -7,8 +7,8 @@ Each model starts from its own seed checkpoint and trains on the shipped
 recall corpus (``--seq1f1b.data recall``: torchtitan's debug configs read its
 repository's test assets) with packed documents, under the config's own loss
 and activation checkpointing (qwen3_moe_debug with 16 of its 64 experts:
-:mod:`tests.integration.titan_0_3.fewer_experts`). Seq1F1B PP=2 (and
-InterleavedSeq1F1B, but for qwen3_moe) must match the
+:mod:`tests.integration.titan_0_3.fewer_experts`). Seq1F1B PP=2 (and a
+variant, ``VARIANTS``, but for qwen3_moe) must match the
 non-pipelined run on every step's loss (``MODELS``) and the step-1 grad_norm within 1e-4,
 and end with the same MoE load-balancing state: the expert biases the router
 learns from its token counts, saved at the last step, must be equal and must have
@@ -145,15 +145,25 @@ def test_model_pp2_matches_unpipelined(model_run, model_unpipelined):
     _assert_pp2_matches(model_run, model_unpipelined)
 
 
-# qwen3_moe_debug, the largest, runs Seq1F1B only: the variant runs on deepseek_v3 and
-# gpt_oss, and all three route through torchtitan's one MoE module.
-@pytest.mark.parametrize("model_run", ["deepseek_v3", "gpt_oss"], indirect=True)
-def test_model_interleaved_pp2_matches_unpipelined(model_run, model_unpipelined):
-    _assert_pp2_matches(
-        model_run, model_unpipelined,
-        "--seq1f1b.schedule", "InterleavedSeq1F1B",
-        "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", "--seq1f1b.num_segments", "2",
-    )
+# qwen3_moe_debug, the largest, runs Seq1F1B only: the variants run on deepseek_v3 and
+# gpt_oss, and all three route through torchtitan's one MoE module. deepseek_v3's
+# chunked loss reshards its FSDP output head (and the final norm beside it) after every
+# segment's forward, which a split backward must see through.
+VARIANTS = {
+    "deepseek_v3": (
+        "--seq1f1b.schedule", "Seq1F1BZBV", "--parallelism.pipeline_parallel_schedule",
+        "ZBVZeroBubble", "--seq1f1b.num_segments", "2", "activation_checkpoint:full",
+    ),
+    "gpt_oss": (
+        "--seq1f1b.schedule", "InterleavedSeq1F1B", "--parallelism.pipeline_parallel_schedule",
+        "Interleaved1F1B", "--seq1f1b.num_segments", "2",
+    ),
+}
+
+
+@pytest.mark.parametrize("model_run,schedule_args", list(VARIANTS.items()), indirect=["model_run"])
+def test_model_variant_pp2_matches_unpipelined(model_run, model_unpipelined, schedule_args):
+    _assert_pp2_matches(model_run, model_unpipelined, *schedule_args)
 
 
 def _assert_pp2_matches(model_run, model_unpipelined, *schedule_args: str) -> None:

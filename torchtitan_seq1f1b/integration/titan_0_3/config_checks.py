@@ -148,15 +148,6 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
             "use activation_checkpoint:full or activation_checkpoint:none, or "
             "seq1f1b.schedule='Seq1F1B'"
         )
-    if options.schedule in SPLIT_BACKWARD_SCHEDULES and isinstance(
-        config.loss, ChunkedLossWrapper.Config
-    ):
-        problems.append(
-            f"loss ChunkedLossWrapper cannot run under seq1f1b.schedule={options.schedule!r} "
-            "yet: under a split backward the final norm's weight gradient comes out wrong; "
-            "use --seq1f1b.schedule Seq1F1B or InterleavedSeq1F1B, or a config with "
-            "CrossEntropyLoss"
-        )
     problems += planner_problems(options)
     problems += context_parallel_problems(parallelism)
     if parallelism.context_parallel_degree > 1 and parallelism.spmd_backend != "spmd_types":

@@ -23,7 +23,8 @@ by nothing.
 import torch
 import torch.nn as nn
 
-from torchtitan.components.loss import LossFunction
+from torch.distributed.fsdp import FSDPModule
+from torchtitan.components.loss import ChunkedLossWrapper, LossFunction
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig
@@ -39,7 +40,7 @@ from torchtitan.protocols.model_spec import ParallelizeFunction
 from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.integration.context_parallel import context_group
-from torchtitan_seq1f1b.integration.schedules import SCHEDULES
+from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 from torchtitan_seq1f1b.integration.segment_plan import PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     check_attention_backend,
@@ -133,7 +134,7 @@ def pipeline_llm_seq1f1b(
         stages,
         n_microbatches=n_microbatches,
         segment_plan=plan,
-        loss_fn=_ScalarLoss(loss_fn),
+        loss_fn=_ScalarLoss(loss_fn, options.schedule in SPLIT_BACKWARD_SCHEDULES),
         scale_grads=False,
         positions_kwarg="positions",
         document_ids_kwarg=MASKS_KWARG,
@@ -156,11 +157,22 @@ class _ScalarLoss:
 
     ``loss_fn(output, target, global_valid_tokens=...)`` is the segment's sum of
     token losses divided by the step's global valid-token count.
+
+    Under a split backward (``split_backward``), a ``ChunkedLossWrapper`` whose
+    FSDP-wrapped ``lm_head`` it reshards at the end is unsharded again: torch's
+    input-gradient step finds the weights whose gradients it defers among the
+    stage's registered parameters, which must be the unsharded ones the forward
+    used (the final norm shares ``lm_head``'s FSDP group and would get none).
     """
 
-    def __init__(self, loss_fn: LossFunction):
+    def __init__(self, loss_fn: LossFunction, split_backward: bool):
         self.loss_fn = loss_fn
+        self._unshards_head = split_backward and isinstance(loss_fn, ChunkedLossWrapper)
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         loss, _ = self.loss_fn(*args, **kwargs)
+        # The trainer sets lm_head after pipelining; only a training forward reshards it.
+        head = self.loss_fn.lm_head if self._unshards_head else None
+        if isinstance(head, FSDPModule) and loss.requires_grad:
+            head.unshard()
         return loss

@@ -8,10 +8,15 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig
 from torchtitan_seq1f1b.planner import ContextParallelCost
 from torchtitan_seq1f1b.segmenting import DocumentLengths, TransformerCost
 from torchtitan_seq1f1b.tools.model_shapes import get_preset, MODEL_PRESETS
-from torchtitan_seq1f1b.tools.simulate.config import MemoryModel, PARTITIONS, SimConfig
+from torchtitan_seq1f1b.tools.simulate.config import (
+    MemoryModel,
+    PARTITIONS,
+    SimConfig,
+)
 from torchtitan_seq1f1b.tools.simulate.paper import run_paper
 from torchtitan_seq1f1b.tools.simulate.schedules import SCHEDULE_SPECS, SCHEDULES
 from torchtitan_seq1f1b.tools.simulate.step import simulate, SimResult
@@ -61,6 +66,15 @@ def number_at_least(
 positive_int = number_at_least(int, 1, "a positive integer")
 positive_float = number_at_least(float, 1e-9, "a number > 0")
 _non_negative_float = number_at_least(float, 0, "a number >= 0")
+_non_negative_int = number_at_least(int, 0, "an integer >= 0")
+# --linear-* shape options: GatedDeltaNetConfig's field each sets.
+_LINEAR_SHAPE_OPTIONS = {
+    "linear_key_heads": "n_key_heads",
+    "linear_value_heads": "n_value_heads",
+    "linear_key_dim": "key_head_dim",
+    "linear_value_dim": "value_head_dim",
+    "linear_conv_width": "conv_kernel_size",
+}
 
 
 def _schedule_names(text: str) -> list[str]:
@@ -139,6 +153,21 @@ def _parser() -> argparse.ArgumentParser:
                           "weight-gradient FLOPs and I the rest (attention)")
     run.add_argument("--p2p-latency", type=_non_negative_float, default=0.0,
                      help="added to every cross-rank dependency, in microbatch-forward units")
+
+    gdn = parser.add_argument_group(
+        "linear attention (GatedDeltaNet layers: a carried state instead of a K/V store)"
+    )
+    gdn.add_argument("--linear-layers", type=_non_negative_int, default=0, metavar="N",
+                     help="how many of the layers are GatedDeltaNet, spread evenly over the "
+                          "stages (qwen3_5: 3 of every 4; default 0)")
+    for flag, default_text in (
+        ("--linear-key-heads", "--kv-heads"),
+        ("--linear-value-heads", "--heads"),
+        ("--linear-key-dim", "the attention head dim"),
+        ("--linear-value-dim", "the attention head dim"),
+        ("--linear-conv-width", "4"),
+    ):
+        gdn.add_argument(flag, type=positive_int, help=f"default: {default_text}")
 
     mem = parser.add_argument_group("memory model")
     mem.add_argument("--micro-batch-size", type=positive_int, default=1)
@@ -248,10 +277,33 @@ def _chunks_per_schedule(
     return {name: chunks if name in multi else None for name in names}
 
 
+def _linear_attention_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, model: TransformerCost
+) -> tuple[TransformerCost, GatedDeltaNetConfig]:
+    """The model with ``--linear-layers`` GatedDeltaNet layers, and their shape."""
+    try:
+        model = replace(model, linear_layers=args.linear_layers)
+    except ValueError:
+        parser.error(
+            f"--linear-layers {args.linear_layers}: the model has {model.n_layers} layers; "
+            f"give at most {model.n_layers}"
+        )
+    given = {field: getattr(args, option) for option, field in _LINEAR_SHAPE_OPTIONS.items()}
+    try:
+        shape = replace(
+            GatedDeltaNetConfig.like_attention(model),
+            **{field: value for field, value in given.items() if value is not None},
+        )
+    except ValueError as error:
+        parser.error(f"--linear-key-heads/--linear-value-heads: {error}")
+    return model, shape
+
+
 def _configs_from_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> list[SimConfig]:
     model_name, model = model_from_args(parser, args, DEFAULT_SHAPE["model"])
+    model, linear_attention = _linear_attention_from_args(parser, args, model)
     for option in ("seq_len", "pp", "microbatches"):
         if getattr(args, option) is None:
             setattr(args, option, DEFAULT_SHAPE[option])
@@ -269,7 +321,7 @@ def _configs_from_args(
         cp_latency=args.cp_latency, device_flops=args.device_flops,
         microbatches=args.microbatches, segments=args.segments,
         partition=args.partition, p2p_latency=args.p2p_latency, align=args.align,
-        backward_split=args.backward_split, memory=memory,
+        backward_split=args.backward_split, memory=memory, linear_attention=linear_attention,
     )
     if args.documents is not None:
         base["documents_name"], base["documents"] = args.documents

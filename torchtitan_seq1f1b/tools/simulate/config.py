@@ -8,6 +8,7 @@ from functools import cached_property
 
 from torchtitan_seq1f1b.actions import Order
 from torchtitan_seq1f1b.context_parallel import check_context_parallel, context_parallel_align
+from torchtitan_seq1f1b.linear_attention import GatedDeltaNetConfig
 from torchtitan_seq1f1b.planner import (
     ContextParallelCost,
     even_stage_blocks,
@@ -23,7 +24,12 @@ from torchtitan_seq1f1b.segmenting import (
 from torchtitan_seq1f1b.tools.simulate.schedules import SCHEDULE_SPECS, SCHEDULES, ScheduleSpec
 
 __all__ = [
-    "runtime_memory_model","PARTITIONS", "MemoryModel", "SimConfig", "schedule_order"]
+    "runtime_memory_model",
+    "PARTITIONS",
+    "MemoryModel",
+    "SimConfig",
+    "schedule_order",
+]
 
 PARTITIONS = ("uniform", "causal-balanced", "balanced", "time")
 
@@ -80,6 +86,9 @@ class SimConfig:
     (:class:`~torchtitan_seq1f1b.planner.ContextParallelCost`); without a time
     model ``device_flops``, the FLOP/s one rank achieves, converts those seconds
     into forwards.
+    ``linear_attention``: the shape of the model's ``model.linear_layers``
+    GatedDeltaNet layers, whose carried state replaces their K/V store
+    (default :meth:`GatedDeltaNetConfig.like_attention`).
     """
 
     model: TransformerCost
@@ -104,12 +113,15 @@ class SimConfig:
     cp_bytes_per_second: float = ContextParallelCost.bytes_per_second
     cp_latency: float = ContextParallelCost.latency
     device_flops: float = 400e12
+    linear_attention: GatedDeltaNetConfig | None = None
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_SPECS:
             raise ValueError(f"schedule={self.schedule!r} must be one of {SCHEDULES}")
         if self.v is None:
             object.__setattr__(self, "v", self.spec.min_chunks)
+        if self.linear_attention is None:
+            object.__setattr__(self, "linear_attention", GatedDeltaNetConfig.like_attention(self.model))
         for name in ("seq_len", "pp", "microbatches", "segments", "tp", "dp", "v", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -5,7 +5,8 @@
 
 What counts and why (Megatron's 18 bytes per parameter, Korthikanti's
 per-token activation constants generalised to GQA and SwiGLU, the two K/V
-stores, context parallelism): docs/simulator.md, "Memory model".
+stores, GatedDeltaNet layers' carried state, context parallelism):
+docs/simulator.md, "Memory model".
 """
 
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from torchtitan_seq1f1b.tools.model_shapes import (
 )
 from torchtitan_seq1f1b.tools.simulate.config import SimConfig
 
-__all__ = ["GIB", "RankMemory", "layer_kv_bytes", "rank_memory"]
+__all__ = ["GIB", "RankMemory", "layer_carry_bytes", "layer_kv_bytes", "rank_memory"]
 
 GIB = 2**30
 
@@ -84,9 +85,18 @@ class _StageMemory:
             total += (norm_and_head_inputs + loss_softmax) * length * b
         return total / cfg.cp
 
+    @property
+    def _linear_layers(self) -> float:
+        """GatedDeltaNet layers on this stage: the model's share of them, spread evenly."""
+        return self._layers * self._model.linear_layers / self._model.n_layers
+
     def kv_row_bytes(self, dtype_bytes: int) -> float:
-        """K and V of one token over this stage's blocks, on one TP rank."""
-        return self._layers * layer_kv_bytes(self.config, dtype_bytes)
+        """K and V of one token over this stage's softmax-attention blocks, on one TP rank."""
+        return (self._layers - self._linear_layers) * layer_kv_bytes(self.config, dtype_bytes)
+
+    def carry_bytes(self, tail_dtype_bytes: int) -> float:
+        """State and conv tail one cut carries over this stage's GatedDeltaNet layers."""
+        return self._linear_layers * layer_carry_bytes(self.config, tail_dtype_bytes)
 
 
 def layer_kv_bytes(config: SimConfig, dtype_bytes: int = 2) -> float:
@@ -95,6 +105,14 @@ def layer_kv_bytes(config: SimConfig, dtype_bytes: int = 2) -> float:
     model = config.model
     shards = min(config.tp, model.n_kv_heads)
     return 2 * model.kv_dim / shards * dtype_bytes * config.memory.micro_batch_size
+
+
+def layer_carry_bytes(config: SimConfig, tail_dtype_bytes: int = 2) -> float:
+    """Bytes one GatedDeltaNet layer carries across one segment cut on one TP rank
+    (``micro_batch_size`` rows): fp32 state and conv tail, heads split by TP."""
+    shape = config.linear_attention
+    shards = min(config.tp, shape.n_key_heads)
+    return shape.carry_bytes(tail_dtype_bytes) / shards * config.memory.micro_batch_size
 
 
 class RankMemory(NamedTuple):
@@ -129,6 +147,9 @@ def rank_memory(config: SimConfig, plan: SegmentPlan, actions: list[SegmentActio
     kv_dtype, grad_dtype = (2, 4) if mem.kv_store == "preallocated" else (2, 2)
     kv_row = {s: m.kv_row_bytes(kv_dtype) for s, m in stages.items()}
     grad_row = {s: m.kv_row_bytes(grad_dtype) for s, m in stages.items()}
+    # carry.py keeps what each later segment starts from, and banks one fp32 gradient of it.
+    carry = {s: m.carry_bytes(2) for s, m in stages.items()}
+    carry_grad = {s: m.carry_bytes(4) for s, m in stages.items()}
 
     live: dict[tuple[int, int, int], float] = {}  # (stage, microbatch, segment)
     kv: dict[tuple[int, int], float] = {}  # (stage, microbatch)
@@ -148,14 +169,14 @@ def rank_memory(config: SimConfig, plan: SegmentPlan, actions: list[SegmentActio
             # CP attention keeps the gathered K/V for backward, also torch's at k = 1.
             if k > 1 or config.cp > 1:
                 held = plan.seq_len if mem.kv_store == "preallocated" else plan.ends[j]
-                kv[(s, i)] = held * kv_row[s]
+                kv[(s, i)] = held * kv_row[s] + min(j + 1, k - 1) * carry[s]
             record()
             continue
         if action.kind in "BI" and k > 1 and j == k - 1:
             # KVStore banks fp32 grads of [0, offset_{k-1}); the paper's code keeps a
             # view of the first backward's dK/dV, which spans the whole sequence.
             rows = plan.offsets[-1] if mem.kv_store == "preallocated" else plan.seq_len
-            grads[(s, i)] = rows * grad_row[s]
+            grads[(s, i)] = rows * grad_row[s] + carry_grad[s]
         record()  # the unit's activations are alive until its backward ends
         if action.kind in "BW":  # its last backward step: B, or W after I
             del live[(s, i, j)]
