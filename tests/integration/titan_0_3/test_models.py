@@ -63,8 +63,8 @@ def _steps_and_final_save(steps: int) -> tuple[str, ...]:
 
 def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
                   job_args: tuple[str, ...], launchers: tuple[str, ...]):
-    """run(nproc, *args, name, more_launchers=()): a ``steps``-step run of torchtitan's
-    ``config`` with ``job_args`` and ``launchers`` (and a run's own), from one seed
+    """run(nproc, *args, name): a ``steps``-step run of torchtitan's
+    ``config`` with ``job_args`` and ``launchers``, from one seed
     checkpoint written here; ``run.steps``: ``steps``."""
     config = f"torchtitan_seq1f1b:{config}"
     launchers = (*launchers, input_dtype_experts.__name__)
@@ -75,13 +75,12 @@ def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
         launchers=launchers,
     )
 
-    def run(nproc, *args, name: str, more_launchers: tuple[str, ...] = ()):
+    def run(nproc, *args, name: str):
         return torchrun(
             tmp_path_factory.mktemp(f"{label}_{name}"), nproc, *DATA_ARGS, *job_args,
             "--checkpoint.enable",
             "--checkpoint.initial_load_path", str(seed / "checkpoint" / "step-0"),
-            *_steps_and_final_save(steps), *args, config=config,
-            launchers=(*more_launchers, *launchers),
+            *_steps_and_final_save(steps), *args, config=config, launchers=launchers,
         )
 
     run.steps = steps

@@ -14,15 +14,12 @@ CPU; under Seq1F1B its state and conv tail cross every segment cut.
 
 CI runs Seq1F1B on the dense and the MoE config; the other schedules are
 ``extended`` (``python -m pytest tests/integration/titan_0_3/test_qwen3_5.py -m extended``).
-The split-backward schedules train on the unchunked loss
-(:mod:`~tests.integration.titan_0_3.plain_loss`): Seq1F1B refuses the chunked
-one there.
 """
 
 import pytest
 
 from tests.harness import assert_same_training
-from tests.integration.titan_0_3 import plain_loss, smaller_vocab
+from tests.integration.titan_0_3 import smaller_vocab
 from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
 from tests.integration.titan_0_3.test_torchtitan import seq1f1b_args
 
@@ -67,15 +64,6 @@ def test_seq1f1b_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
     _assert_matches(qwen_run, pipelined, qwen_unpipelined, "Seq1F1B")
 
 
-@pytest.fixture(scope="module")
-def qwen_plain_unpipelined(qwen_run):
-    """The non-pipelined run on the unchunked loss, for the split-backward schedules."""
-    return qwen_run(
-        1, "--parallelism.pipeline_parallel_degree", "1", name="plain_unpipelined",
-        more_launchers=(plain_loss.__name__,),
-    )
-
-
 @pytest.mark.extended
 @pytest.mark.parametrize("qwen_run", ["dense"], indirect=True)
 def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
@@ -97,12 +85,11 @@ def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
 )
 @pytest.mark.parametrize("qwen_run", ["dense"], indirect=True)
 def test_split_backward_pp2_matches_unpipelined(
-    qwen_run, qwen_plain_unpipelined, schedule, more_args
+    qwen_run, qwen_unpipelined, schedule, more_args
 ):
     """Input gradients (the state's and the conv tail's among them) before weight
     gradients; under full checkpointing every segment is recomputed in both."""
     pipelined = qwen_run(
-        2, *PIPELINED, *seq1f1b_args(schedule), *more_args, name=schedule,
-        more_launchers=(plain_loss.__name__,),
+        2, *PIPELINED, *seq1f1b_args(schedule), *more_args, name=schedule
     )
-    _assert_matches(qwen_run, pipelined, qwen_plain_unpipelined, schedule)
+    _assert_matches(qwen_run, pipelined, qwen_unpipelined, schedule)
