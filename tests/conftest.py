@@ -70,7 +70,8 @@ def _calibration_cache(tmp_path_factory):
 # the GPU report (which the torch 2.11 stack rehearses); bf16 error bounds; the pp=4 twins
 # of the float64 grids and the order grids validated through torch's lowering (both stacks
 # run them at pp=2 and torch's own orders); the compiled float64 grid (torch 2.15 compiles
-# torchtitan 0.3 jobs and the attention op). The torch 2.15 stack keeps what torch
+# torchtitan 0.3 jobs and the attention op); GatedDeltaNet's layer and schedule grids
+# (torch 2.15 runs it in torchtitan 0.3's qwen3_5 jobs and float64 layer tests). The torch 2.15 stack keeps what torch
 # releases change: the pipelining runtime, compile, checkpointing, pre-split inputs.
 # test_documented_commands.py marks its commands that are not torchtitan 0.3 jobs.
 MAIN_STACK_ONLY = {
@@ -92,6 +93,8 @@ MAIN_STACK_ONLY = {
     "tests/orders/test_orders.py": ("test_every_",),
     "tests/schedules/test_exactness.py": ("[pp4-",),
     "tests/schedules/test_variants_exactness.py": ("-pp4]",),
+    "tests/linear_attention/": ("",),
+    "tests/schedules/test_linear_attention_exactness.py": ("",),
 }
 
 
