@@ -45,6 +45,7 @@ def test_cpu_check_passes(tmp_path):
     for name, row in rows.items():
         assert name in result.stdout and row["status"].upper() in result.stdout
     assert "0 failed" in result.stdout
+    assert rows["kernel gdn-fla bfloat16 d64"]["reason"] == "needs a CUDA device (this runs on cpu)"
     for head_dim in (64, 128):
         # kernels that need CUDA are skipped, never passed
         for kind in ("flash", "varlen"):

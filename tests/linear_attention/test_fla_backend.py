@@ -3,7 +3,8 @@
 
 """The fla backend of the recurrence: its argument marshalling on CPU through a fake
 fla (cu_seqlens, initial and final states, dht and dh0 per sequence) against the exact
-path, the automatic choice, and on CUDA fla's real kernel in bf16 against float64."""
+path, the automatic choice, the check's GatedDeltaNet row (its skips, and run through the
+fake), and on CUDA fla's real kernel and that row in bf16 against float64."""
 
 import inspect
 
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 from torchtitan_seq1f1b.attention import KernelTarget
+from torchtitan_seq1f1b.check import gated_delta_net
+from torchtitan_seq1f1b.check.kernels import kernel_tasks
 from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.linear_attention import _fla, GatedDeltaNetConfig, ops
+from torchtitan_seq1f1b.linear_attention import backends
 from torchtitan_seq1f1b.linear_attention.backends import (
     check_recurrence_backend,
     ExactRecurrence,
@@ -203,6 +207,62 @@ def test_the_fake_has_fla_signatures():
         inspect.signature(chunk.chunk_gated_delta_rule_bwd).parameters)
 
 
+def _stand_in(kernels):
+    """The fla backend on ``kernels`` with its device checks skipped, as the check resolves it."""
+
+    class StandInFla(FlaRecurrence):
+        def __init__(self):
+            super().__init__(kernels=kernels)
+
+        def unmet_requirements(self, target):
+            return []
+
+    return StandInFla
+
+
+@pytest.fixture
+def fresh_backend_choice():
+    check_recurrence_backend.cache_clear()
+    yield
+    check_recurrence_backend.cache_clear()
+
+
+def test_check_row_is_listed_and_says_why_it_skips(monkeypatch):
+    """Listed with the kernel rows; skipped on CPU for CUDA, on CUDA for fla-core."""
+    cpu = torch.device("cpu")
+    assert [task.names for task in kernel_tasks(cpu)][-1] == (gated_delta_net.ROW,)
+    row = gated_delta_net.check_fla_layer(cpu)
+    assert (row.status, row.reason) == ("skip", "needs a CUDA device (this runs on cpu)")
+    # Only the requirements are read on a CUDA device that fla cannot use: nothing runs.
+    monkeypatch.setattr(_fla, "_version", lambda: None)
+    row = gated_delta_net.check_fla_layer(torch.device("cuda"))
+    assert row.status == "skip"
+    assert row.reason.startswith("needs fla-core >= 0.6.0, < 0.6.1 installed"), row
+    monkeypatch.setattr(_fla, "_version", lambda: (0, 7, 0))
+    row = gated_delta_net.check_fla_layer(torch.device("cuda"))
+    assert row.status == "skip" and "found 0.7.0" in row.reason
+
+
+@pytest.mark.parametrize("fake", [FakeFla, _WrongInitialState, _NoDh0])
+def test_check_row_through_the_fake(fake, monkeypatch, fresh_backend_choice):
+    """The row on CPU through the fake fla: passes, in varlen and batch mode and with
+    carried states; fails when the fake drops the carried state or its gradient."""
+    kernels = fake()
+    monkeypatch.setitem(backends.RECURRENCE_BACKENDS, "fla", _stand_in(kernels))
+    row = gated_delta_net.check_fla_layer(torch.device("cpu"))
+    assert row.name == gated_delta_net.ROW and row.measured["bound"] == gated_delta_net.BOUND
+    if fake is not FakeFla:
+        assert row.status == "fail" and "> bound" in row.reason, row
+        return
+    assert row.status == "pass" and 0 < row.measured["error"] <= row.measured["bound"], row
+    forwards = [c for c in kernels.calls if c["kind"] == "forward"]
+    # Segment 0: batch mode, no state; 1: varlen (cuts 150 and 176 inside); 2: batch, carried.
+    assert [c["cu_seqlens"] for c in forwards] == [None, [0, 54, 112, 192, 224, 336], None]
+    assert forwards[0]["initial_state"] is None
+    assert not forwards[1]["initial_state"][2].any(), "row 1's document starts at the cut"
+    assert all(forwards[2]["initial_state"][r].any() for r in range(3)), "every row continues"
+
+
 _HAS_CUDA = torch.cuda.is_available()
 
 
@@ -240,11 +300,17 @@ def test_gpu_fla_kernel_matches_the_exact_path_in_float64():
         grad_o.double(), grad_final.double(), *as64, key_dim**-0.5, initial.double(), positions,
         documents,
     )
-    # bf16 keeps 8 bits (~1e-3 norm-wise to round a result); fla's chunks round their
-    # matmul operands to bf16 again: 2^-5 leaves room, a wrong state is off by O(1).
-    for name, got, want in [("o", o, o64), ("final", final, final64), *[
+    error, where = gated_delta_net.worst_error([("o", o, o64), ("final", final, final64), *[
         (n, getattr(grads, n), getattr(grads64, n))
         for n in ("q", "k", "v", "g", "beta", "initial_state")
-    ]]:
-        err = ((got.double() - want).norm() / want.norm()).item()
-        assert err <= 2**-5, f"{name}: norm-wise relative error {err:.2e}"
+    ]])
+    assert error <= gated_delta_net.BOUND, f"{where}: norm-wise relative error {error:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _HAS_CUDA, reason="needs CUDA")
+@pytest.mark.skipif(_HAS_CUDA and bool(_fla.unmet()), reason="needs fla-core (pip install fla-core)")
+def test_gpu_check_row_runs_a_segmented_fla_layer_within_its_bound():
+    """The check's ``kernel gdn-fla`` row on fla's real kernel: passes, never skips."""
+    row = gated_delta_net.check_fla_layer(torch.device("cuda"))
+    assert row.status == "pass", row

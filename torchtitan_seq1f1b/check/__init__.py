@@ -7,7 +7,9 @@ Checks, each a function of the device returning result rows:
 
 - ``kernels``: every attention backend that runs on the device, on a segment
   attending to a longer prefix (bottom-right causal), GQA, head dims 64 and
-  128, batch 1 and 2: output and dq/dk/dv against exact float64 attention.
+  128, batch 1 and 2: output and dq/dk/dv against exact float64 attention;
+  and GatedDeltaNet's fla recurrence in a segmented bf16 layer against the
+  exact path in float64 unsplit (:mod:`.gated_delta_net`).
 - ``stack``: a llama3-shaped stack run segment by segment on one device
   (backward on autograd's device thread) under every activation
   checkpointing mode, against unsplit training; peak memory per segment.

@@ -32,7 +32,8 @@ CHECKS = {
         kernel_results,
         "every attention backend that runs here (flash-attn, torch's flash kernel, the exact path) on a segment "
         "with a prefix, bf16, GQA, head dims 64 and 128, forward and backward, against "
-        "exact float64 attention; through autograd and as the op compiled blocks call",
+        "exact float64 attention; through autograd and as the op compiled blocks call; "
+        "GatedDeltaNet's fla recurrence in a segmented bf16 layer against the exact path in float64",
     ),
     "stack": (
         stack_results,

@@ -11,7 +11,8 @@ entry points of the flash kernels), rows with different layouts, and with a
 sliding window (gpt_oss's), alone and within the documents. Each
 backend runs twice: through its autograd entry points (eager blocks) and
 through the explicit forward and backward the registered op calls
-(compiled blocks, rows ``kernel-op``).
+(compiled blocks, rows ``kernel-op``). Then GatedDeltaNet's fla recurrence
+in a segmented layer (:mod:`~torchtitan_seq1f1b.check.gated_delta_net`).
 """
 
 import math
@@ -20,6 +21,7 @@ import torch
 
 from torchtitan_seq1f1b.attention import KernelTarget, resolve_backend
 from torchtitan_seq1f1b.check import relative_error, Result, run_tasks, Task
+from torchtitan_seq1f1b.check.gated_delta_net import fla_layer_task
 from torchtitan_seq1f1b.documents import MicrobatchDocuments, SegmentDocuments
 from torchtitan_seq1f1b.segmenting import SegmentPlan
 
@@ -188,14 +190,15 @@ def _task(name: str, head_dim: int, dtype: torch.dtype, device: torch.device, as
 
 
 def kernel_tasks(device: torch.device) -> list[Task]:
-    """One task per row: backend x dtype x head dim, through autograd, then as the op."""
+    """One task per row: backend x dtype x head dim, through autograd, then as the op;
+    then GatedDeltaNet's fla layer."""
     return [
         _task(name, head_dim, dtype, device, as_op)
         for as_op in (False, True)
         for name, dtypes in DTYPES.items()
         for dtype in dtypes
         for head_dim in HEAD_DIMS
-    ]
+    ] + [fla_layer_task(device)]
 
 
 def kernel_results(device: torch.device) -> list[Result]:
