@@ -1,0 +1,150 @@
+# Copyright (c) the torchtitan-seq1f1b authors.
+# Licensed under the BSD 3-Clause license found in the LICENSE file.
+
+"""A synthetic image-text corpus for qwen3_5, made at run time (no downloads, no torchvision).
+
+Every row holds ``images_per_row`` chunks ``<vision_start> <image>*n
+<vision_end> filler... colour filler...``: an image of one solid colour, then
+random filler words, the colour's word at the chunk's end. The colour word
+can only be predicted by looking back at the image, a chunk's length away,
+so under Seq1F1B it often needs an earlier segment's image features.
+
+Rows are made from (seed, index) and batched by torchtitan 0.3's own
+``MultiModalCollator`` (patches in block order, padding, MRoPE positions), so
+a batch is what its multimodal dataloader yields for qwen3_5: ``input``
+(B, T), ``positions`` (B, T), ``pixel_values`` (N, max_patches,
+3 * temporal_patch_size * patch_size**2), ``grid_thw`` (N, 3),
+``mrope_positions`` (B, T, 3), ``special_tokens``, and labels (B, T).
+"""
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.loss import IGNORE_INDEX
+
+__all__ = ["ImageTextSpec", "image_text_batch", "image_text_row"]
+
+
+@dataclass(frozen=True)
+class ImageTextSpec:
+    """The corpus and qwen3_5's vision settings (its debugmodel's by default).
+
+    seq_len: tokens per input row (rows are made ``seq_len + 1`` long and shifted).
+    images_per_row: images, each in its own chunk of ``(seq_len + 1) // images_per_row``
+        tokens (the last chunk takes the remainder).
+    grids: image sizes in patches ``(h, w)``, each image's drawn from these;
+        multiples of ``spatial_merge_size``.
+    colours: distinct solid colours; colour c's word is token id c.
+    vocab: token ids are below it; the top four are vision_start, vision_end,
+        image and pad, the ids in between filler words.
+    seed: corpus seed; rows differ for every (seed, index).
+    """
+
+    seq_len: int = 128
+    images_per_row: int = 2
+    grids: tuple[tuple[int, int], ...] = ((4, 4), (2, 4))
+    colours: int = 8
+    vocab: int = 2048
+    seed: int = 0
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+
+    def __post_init__(self):
+        merge = self.spatial_merge_size
+        if any(h % merge or w % merge for h, w in self.grids):
+            raise ValueError(f"grids {self.grids} must be multiples of spatial_merge_size {merge}")
+        if not 1 <= self.colours < self.vocab - 4:  # leaves a filler word
+            raise ValueError(f"colours must be in [1, vocab - 5], got {self.colours}")
+        # A chunk needs its image with both markers, one filler word and the colour word.
+        shortest = self.image_tokens(max(self.grids, key=lambda g: g[0] * g[1])) + 4
+        if (self.seq_len + 1) // self.images_per_row < shortest:
+            raise ValueError(
+                f"seq_len {self.seq_len} has no room for {self.images_per_row} chunks of "
+                f">= {shortest} tokens"
+            )
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The token ids of torchtitan's MultiModalTokenizer fields (no video: -1)."""
+        top = self.vocab - 1
+        return {"vision_start_id": top - 3, "vision_end_id": top - 2, "image_id": top - 1,
+                "pad_id": top, "video_id": -1}
+
+    @property
+    def filler_ids(self) -> range:
+        return range(self.colours, self.vocab - 4)
+
+    def image_tokens(self, grid: tuple[int, int]) -> int:
+        """Tokens of an image of ``grid`` patches: qwen3_5 merges merge**2 patches into one."""
+        return grid[0] * grid[1] // self.spatial_merge_size**2
+
+    def palette(self) -> torch.Tensor:
+        """(colours, 3) float32 RGB in [-1, 1], the range of torchtitan's normalized pixels."""
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.rand(self.colours, 3, generator=generator) * 2 - 1
+
+
+class _Tokenizer:
+    """What MultiModalCollator reads off a tokenizer: the special tokens' ids."""
+
+    TOKEN_FIELDS = ("image", "video", "vision_start", "vision_end", "pad")
+
+    def __init__(self, special_tokens: dict[str, int]):
+        self.__dict__.update(special_tokens)
+
+
+def image_text_row(spec: ImageTextSpec, index: int) -> dict[str, Any]:
+    """Row ``index`` as a torchtitan multimodal sample.
+
+    Returns ``input_ids``, ``labels`` (vision tokens IGNORE_INDEX) and ``positions``,
+    each (seq_len + 1,) int64, and ``pixel_values``: one (1, H, W, 3) float32
+    image per chunk, H and W the grid's patches times ``patch_size``.
+    """
+    # A string seed hashes with SHA-512: the same row on every platform and run.
+    rng = random.Random(f"seq1f1b-images/{spec.seed}/{index}")
+    ids, palette = spec.special_tokens, spec.palette()
+    chunk = (spec.seq_len + 1) // spec.images_per_row
+    tokens, images = [], []
+    for i in range(spec.images_per_row):
+        length = chunk if i < spec.images_per_row - 1 else spec.seq_len + 1 - len(tokens)
+        grid, colour = rng.choice(spec.grids), rng.randrange(spec.colours)
+        run = spec.image_tokens(grid)
+        filler = [rng.choice(spec.filler_ids) for _ in range(length - run - 3)]
+        # The colour word ends the chunk: as far from its image as the chunk allows.
+        tokens += [ids["vision_start_id"], *[ids["image_id"]] * run, ids["vision_end_id"],
+                   *filler, colour]
+        h, w = (n * spec.patch_size for n in grid)
+        images.append(palette[colour].expand(1, h, w, 3).clone())
+    input_ids = torch.tensor(tokens)
+    vision = torch.tensor([ids["vision_start_id"], ids["vision_end_id"], ids["image_id"]])
+    labels = input_ids.masked_fill(torch.isin(input_ids, vision), IGNORE_INDEX)
+    return {"input_ids": input_ids, "labels": labels, "positions": torch.arange(len(tokens)),
+            "pixel_values": images}
+
+
+def image_text_batch(
+    spec: ImageTextSpec, indices: Sequence[int]
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """Rows ``indices`` collated by torchtitan's MultiModalCollator, as its dataloader
+    yields them for qwen3_5: (input_dict, labels (B, seq_len)); see the module doc."""
+    from torchtitan_seq1f1b.integration.titan_0_3.vision_language import torchvision_stand_in
+
+    # Its module imports torchvision to decode images; made ones need no decoding.
+    with torchvision_stand_in():
+        from torchtitan.hf_datasets.multimodal.mm_collator import MultiModalCollator
+
+    collator = MultiModalCollator(
+        batch_size=len(indices),
+        seq_len=spec.seq_len,
+        max_images_per_batch=len(indices) * spec.images_per_row,
+        patch_size=spec.patch_size,
+        temporal_patch_size=spec.temporal_patch_size,
+        spatial_merge_size=spec.spatial_merge_size,
+        tokenizer=_Tokenizer(spec.special_tokens),
+        build_mrope_positions=True,
+    )
+    return collator([image_text_row(spec, i) for i in indices])
