@@ -1,10 +1,8 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The embedded default corpus (long-range recall), its word-level tokenizer, and a
-synthetic image-text corpus for vision-language models."""
+"""The embedded default corpus (long-range recall) and its word-level tokenizer."""
 
-from torchtitan_seq1f1b.data.images import ImageTextSpec, image_text_batch, image_text_row
 from torchtitan_seq1f1b.data.make_tokenizer import TOKENIZER_DIR, VOCAB_SIZE
 from torchtitan_seq1f1b.data.recall import (
     RecallSpec,
@@ -22,14 +20,11 @@ from torchtitan_seq1f1b.data.register import (
 
 __all__ = [
     "DATASET_NAMES",
-    "ImageTextSpec",
     "TOKENIZER_DIR",
     "VOCAB_SIZE",
     "RecallSpec",
     "dependent_mask",
     "full_attention_bound",
-    "image_text_batch",
-    "image_text_row",
     "load_recall",
     "no_cross_segment_bound",
     "recall_document",

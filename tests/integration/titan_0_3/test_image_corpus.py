@@ -11,7 +11,7 @@ import torch
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.models.common.multimodal import get_vision_positions
 
-from torchtitan_seq1f1b.data.images import ImageTextSpec, image_text_batch, image_text_row
+from torchtitan_seq1f1b.integration.titan_0_3.image_corpus import ImageTextSpec, image_text_batch, image_text_row
 
 SPEC = ImageTextSpec(seq_len=64)
 INDICES = [0, 1, 2, 3]

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torchtitan.components.loss import IGNORE_INDEX
 
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import torchvision_stand_in
+
 __all__ = ["ImageTextSpec", "image_text_batch", "image_text_row"]
 
 
@@ -131,8 +133,6 @@ def image_text_batch(
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Rows ``indices`` collated by torchtitan's MultiModalCollator, as its dataloader
     yields them for qwen3_5: (input_dict, labels (B, seq_len)); see the module doc."""
-    from torchtitan_seq1f1b.integration.titan_0_3.vision_language import torchvision_stand_in
-
     # Its module imports torchvision to decode images; made ones need no decoding.
     with torchvision_stand_in():
         from torchtitan.hf_datasets.multimodal.mm_collator import MultiModalCollator
