@@ -123,6 +123,9 @@ class ScheduleSeq1F1B(PipelineRuntime):
             this rank's shares. Gradients, summed over the group, are those of
             the unsplit batch: every rank normalises by the whole batch's valid
             tokens, counted from the targets before they are cut.
+        whole_kwargs: keyword tensors every unit gets uncut, even where a dim
+            ``seq_dim`` happens to have ``seq_len`` entries (a microbatch's
+            image patches, ``(num_images, patches, patch_dim)``).
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class ScheduleSeq1F1B(PipelineRuntime):
         ignore_index: int = -100,
         document_ids_kwarg: str | None = None,
         context_parallel: ContextGroup | None = None,
+        whole_kwargs: tuple[str, ...] = (),
     ):
         stages = [stages] if isinstance(stages, _PipelineStageBase) else list(stages)
         check_plan(n_microbatches, segment_plan)
@@ -169,7 +173,9 @@ class ScheduleSeq1F1B(PipelineRuntime):
         self._seq_dim = seq_dim
         self._ignore_index = ignore_index
         layout = None if context_parallel is None else context_parallel.layout
-        self._splitter = SegmentSplitter(segment_plan, seq_dim, positions_kwarg, layout)
+        self._splitter = SegmentSplitter(
+            segment_plan, seq_dim, positions_kwarg, layout, frozenset(whole_kwargs)
+        )
         self._document_ids_kwarg = document_ids_kwarg
         self.kv_stores = {stage.stage_index: KVStore() for stage in stages}
         self._unit_scope = UnitComputeScope(

@@ -3,7 +3,8 @@
 
 """Keyword inputs cut with the segments: qwen3_5's mrope positions (batch, seq_len, 3)
 are cut along the sequence dim, their trailing dim kept; a (num_images, patches,
-patch_dim) tensor goes to every segment whole."""
+patch_dim) tensor goes to every segment whole, also where its patches number seq_len
+if it is named whole."""
 
 import torch
 
@@ -27,3 +28,14 @@ def test_image_inputs_go_to_every_segment_whole():
     splitter = SegmentSplitter(PLAN, seq_dim=1)
     segments = splitter.split_kwargs({"pixel_values": pixel_values}, torch.device("cpu"))
     assert all(s["pixel_values"] is pixel_values for s in segments)
+
+
+def test_kwargs_named_whole_are_not_cut_even_when_sequence_shaped():
+    pixel_values = torch.randn(3, PLAN.seq_len, 12)  # as many patches as tokens
+    cut = SegmentSplitter(PLAN, seq_dim=1).split_kwargs(
+        {"pixel_values": pixel_values}, torch.device("cpu")
+    )
+    assert [s["pixel_values"].shape[1] for s in cut] == list(PLAN.lengths)
+    splitter = SegmentSplitter(PLAN, seq_dim=1, whole_kwargs=frozenset({"pixel_values"}))
+    whole = splitter.split_kwargs({"pixel_values": pixel_values}, torch.device("cpu"))
+    assert all(s["pixel_values"] is pixel_values for s in whole)

@@ -6,8 +6,8 @@
 torch's runtime splits a batch into microbatches along the batch dim; Seq1F1B
 then cuts every microbatch into the plan's segments along ``seq_dim``. A unit's
 inputs are that microbatch's tensors sliced to the segment: positional inputs,
-targets, and keyword tensors with ``seq_len`` entries on ``seq_dim``; other
-values go to every segment unchanged. Under context parallelism a unit gets
+targets, and keyword tensors with ``seq_len`` entries on ``seq_dim`` (but those
+named whole); other values go to every segment unchanged. Under context parallelism a unit gets
 this rank's head-tail share of its segment
 (:class:`~torchtitan_seq1f1b.context_parallel.HeadTail`).
 """
@@ -37,12 +37,15 @@ class SegmentSplitter:
             positions of this rank's share under context parallelism.
         context: this rank's head-tail share of every segment under context
             parallelism; None gives units whole segments.
+        whole_kwargs: keyword tensors that go to every segment uncut, whatever
+            their shape.
     """
 
     plan: SegmentPlan
     seq_dim: int
     positions_kwarg: str | None = None
     context: HeadTail | None = None
+    whole_kwargs: frozenset[str] = frozenset()
 
     @property
     def num_segments(self) -> int:
@@ -88,7 +91,7 @@ class SegmentSplitter:
         for name, value in mb_kwargs.items():
             parts = (
                 self._split(value)
-                if self.is_sequence_shaped(value)
+                if name not in self.whole_kwargs and self.is_sequence_shaped(value)
                 else (value,) * self.num_segments
             )
             for segment, part in zip(segments, parts):
