@@ -14,6 +14,7 @@ from torchtitan_seq1f1b.attention.torch_varlen import TorchFlashBackend
 __all__ = [
     "ATTENTION_BACKENDS",
     "check_backend",
+    "first_that_runs",
     "raise_if_unmet",
     "resolve_backend",
 ]
@@ -28,6 +29,22 @@ ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {
 }
 
 
+def first_that_runs(backends, target: KernelTarget, option: str, log: logging.Logger):
+    """An instance of the first of ``backends`` (classes with ``unmet_requirements``)
+    that runs on ``target``, logged to ``log`` once with what ruled out each one before
+    it; ``option`` is the option set to "auto". The last must run everywhere."""
+    skipped = []
+    for cls in backends:
+        backend = cls()
+        unmet = backend.unmet_requirements(target)
+        if not unmet:
+            because = f" ({'; '.join(skipped)})" if skipped else ""
+            log.info(f"{option}='auto' uses {backend.name!r} on {target}{because}")
+            return backend
+        skipped.append(f"{backend.name!r} needs {', '.join(unmet)}")
+    raise AssertionError("the exact backend runs everywhere")
+
+
 @functools.lru_cache(maxsize=None)
 def _auto_choice(target: KernelTarget) -> AttentionBackend:
     """The first backend, in ATTENTION_BACKENDS order, that runs on ``target``.
@@ -35,16 +52,7 @@ def _auto_choice(target: KernelTarget) -> AttentionBackend:
     Chosen once per target and process, and logged once with what ruled out
     each faster kernel.
     """
-    skipped = []
-    for cls in ATTENTION_BACKENDS.values():
-        backend = cls()
-        unmet = backend.unmet_requirements(target)
-        if not unmet:
-            because = f" ({'; '.join(skipped)})" if skipped else ""
-            logger.info(f"attention_backend='auto' uses {backend.name!r} on {target}{because}")
-            return backend
-        skipped.append(f"{backend.name!r} needs {', '.join(unmet)}")
-    raise AssertionError("the exact backend runs everywhere")
+    return first_that_runs(ATTENTION_BACKENDS.values(), target, "attention_backend", logger)
 
 
 class _AutoBackend(AttentionBackend):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from torchtitan_seq1f1b.attention import KernelTarget
+from torchtitan_seq1f1b.attention.choice import first_that_runs
 from torchtitan_seq1f1b.documents import SegmentDocuments
 from torchtitan_seq1f1b.linear_attention import _fla
 from torchtitan_seq1f1b.linear_attention.delta_rule import (
@@ -242,16 +243,7 @@ def check_recurrence_backend(name: str, target: KernelTarget) -> RecurrenceBacke
     first of RECURRENCE_BACKENDS that runs (logged once); a forced one that cannot
     run raises a ValueError naming what is missing."""
     if name == "auto":
-        skipped = []
-        for cls in RECURRENCE_BACKENDS.values():
-            backend = cls()
-            unmet = backend.unmet_requirements(target)
-            if not unmet:
-                because = f" ({'; '.join(skipped)})" if skipped else ""
-                logger.info(f"recurrence_backend='auto' uses {backend.name!r} on {target}{because}")
-                return backend
-            skipped.append(f"{backend.name!r} needs {', '.join(unmet)}")
-        raise AssertionError("the exact backend runs everywhere")
+        return first_that_runs(RECURRENCE_BACKENDS.values(), target, "recurrence_backend", logger)
     if name not in RECURRENCE_BACKENDS:
         raise ValueError(
             f"recurrence_backend={name!r} is unknown; choose one of {['auto', *RECURRENCE_BACKENDS]}"
