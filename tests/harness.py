@@ -221,6 +221,16 @@ def pipelined_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]
     return [pipelined(rank, world_size, case) for case in cases]
 
 
+def cases_and_control(worker, cases: list, control) -> dict:
+    """``worker(rank, 2, runs)`` over every (case, False) then (control, True) in one
+    2-rank launch: {case: per-rank results, "control": per-rank results}."""
+    runs = [(case, False) for case in cases] + [(control, True)]
+    per_rank = run_ranks(worker, 2, runs, timeout=300)
+    results = {case: [rank[i] for rank in per_rank] for i, case in enumerate(cases)}
+    results["control"] = [rank[-1] for rank in per_rank]
+    return results
+
+
 def second_step_under(
     rank: int, world_size: int, case: Case, backend, counted: contextlib.AbstractContextManager
 ) -> list:

@@ -27,7 +27,7 @@ import torch
 from torchtitan_seq1f1b.examples.tiny_transformer import ACTIVATION_CHECKPOINT_MODES
 from torchtitan_seq1f1b.linear_attention.carry import Carry
 
-from tests.harness import Case, pipelined, reference, run_ranks, SCHEDULES
+from tests.harness import Case, cases_and_control, pipelined, reference, SCHEDULES
 
 RTOL, ATOL = 1e-10, 1e-14
 UNEVEN = (7, 4, 5)
@@ -91,11 +91,7 @@ def _runs(rank: int, world_size: int, runs: list[tuple[Case, bool]]) -> list[dic
 @pytest.fixture(scope="module")
 def pipeline_runs():
     """Every case, then the negative control, in one launch: {case or "control": ranks}."""
-    runs = [(case, False) for case in CASES] + [(CONTROL, True)]
-    per_rank = run_ranks(_runs, 2, runs, timeout=300)
-    results = {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
-    results["control"] = [rank[-1] for rank in per_rank]
-    yield results
+    yield cases_and_control(_runs, CASES, CONTROL)
     for name, err in WORST.items():
         print(f"\n{name}: worst relative error {err:.2e}")
 

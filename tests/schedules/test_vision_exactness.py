@@ -33,7 +33,7 @@ from torchtitan_seq1f1b.examples.tiny_transformer import token_sum_cross_entropy
 from torchtitan_seq1f1b.examples.tiny_vlm import TinyVLM, TinyVLMArgs
 from torchtitan_seq1f1b.vision import ImageFeatures, image_feature_index
 
-from tests.harness import Case, run_ranks, SCHEDULES
+from tests.harness import Case, cases_and_control, SCHEDULES
 
 RTOL, ATOL = 1e-10, 1e-14
 PLANS = {1: (16,), 2: (7, 9), 4: (4, 4, 5, 3)}
@@ -160,11 +160,7 @@ def _runs(rank: int, world_size: int, runs: list[tuple[VisionCase, bool]]) -> li
 @pytest.fixture(scope="module")
 def pipeline_runs():
     """Every case, then the negative control, in one launch: {case or "control": ranks}."""
-    runs = [(case, False) for case in CASES] + [(CONTROL, True)]
-    per_rank = run_ranks(_runs, 2, runs, timeout=300)
-    results = {case: [rank[i] for rank in per_rank] for i, case in enumerate(CASES)}
-    results["control"] = [rank[-1] for rank in per_rank]
-    yield results
+    yield cases_and_control(_runs, CASES, CONTROL)
     for name, err in WORST.items():
         print(f"\n{name}: worst relative error {err:.2e}")
 
