@@ -12,6 +12,7 @@ encoder's) and segment 3 of microbatch 1 hold no image token. mrope-style positi
 schedules at k = 1, 2 and 4, full checkpointing (the image scatter recomputed too) on
 Seq1F1B and on the zero-bubble schedule, whose first stage runs its whole backward in W
 steps; every backward on a fresh thread, as on CUDA (and once on the calling thread).
+qwen3_5's shape, three GatedDeltaNet blocks to a softmax one, under every schedule at k = 4.
 Every parameter gradient (the encoder's included), each microbatch's loss and the eval
 logits equal the unsplit reference's (rtol 1e-10); the encoder runs once per microbatch
 in a step and in eval (and once more, outside the units, in torch's metadata inference
@@ -22,6 +23,7 @@ must fail.
 """
 
 import dataclasses
+import functools
 from unittest import mock
 
 import pytest
@@ -41,6 +43,7 @@ PATCHES = 3  # tokens per image
 # Per microbatch, (row, first token) of each image, row-major.
 IMAGES = (((0, 5), (1, 12)), ((0, 2), (0, 9), (1, 6)))
 INPUTS = ("positions", "pixel_values", "image_index")
+QWEN3_5_INTERVAL = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,15 +79,18 @@ class VisionCase(Case):
         return microbatches
 
 
-def _case(schedule: str, k: int, ac: str = "none") -> VisionCase:
+def _case(schedule: str, k: int, ac: str = "none", interval: int | None = None) -> VisionCase:
     two = schedule in ("InterleavedSeq1F1B", "Seq1F1BZBV")
     return VisionCase(
         len(IMAGES), PLANS[k], activation_checkpoint=ac, schedule=schedule,
-        stages_per_rank=2 if two else 1,
+        stages_per_rank=2 if two else 1, linear_attention_interval=interval,
     )
 
 
 CASES = [_case(schedule, k) for schedule in SCHEDULES for k in PLANS] + [
+    # qwen3_5's shape: three GatedDeltaNet blocks to one softmax block.
+    *(_case(schedule, 4, interval=QWEN3_5_INTERVAL) for schedule in SCHEDULES),
+    _case("Seq1F1BZeroBubble", 4, "full", QWEN3_5_INTERVAL),
     _case("Seq1F1B", 4, "full"),
     _case("Seq1F1BZeroBubble", 4, "full"),
     # The encoder's backward nested in the stage's on the calling thread, as on CPU.
@@ -96,7 +102,8 @@ WORST: dict[str, float] = {}
 
 def _case_id(case: VisionCase) -> str:
     thread = "" if case.device_thread else "-same_thread"
-    return f"{case.schedule}-k{len(case.lengths)}-ac_{case.activation_checkpoint}{thread}"
+    gdn = "" if case.linear_attention_interval is None else "-gdn"
+    return f"{case.schedule}-k{len(case.lengths)}-ac_{case.activation_checkpoint}{gdn}{thread}"
 
 
 def _last_segment_only(bank_grad):
@@ -115,10 +122,10 @@ def _pipelined(rank: int, world_size: int, case: VisionCase) -> dict:
     microbatches = case.microbatches()
     calls = []  # per encoder call: whether it ran in a unit (else torch's metadata inference)
     for part in parts:
-        if part.vision is not None:
-            vision = part.vision
-            vision.encoder.register_forward_hook(
-                lambda *_, vision=vision: calls.append(vision.kv_store.running is not None)
+        if part.vision_encoder is not None:
+            scatter = part.image_scatter
+            part.vision_encoder.register_forward_hook(
+                lambda *_, scatter=scatter: calls.append(scatter.kv_store.running is not None)
             )
     inputs = dict(
         arg_mbs=[(mb["tokens"],) for mb in microbatches] if 0 in indices else None,
@@ -165,14 +172,15 @@ def pipeline_runs():
         print(f"\n{name}: worst relative error {err:.2e}")
 
 
-@pytest.fixture(scope="module")
-def reference() -> dict:
+@functools.cache
+def _reference(interval: int | None) -> dict:
     """The unsplit model, one microbatch at a time, not pipelined, without checkpointing
-    (the same for every case): gradients, per-microbatch loss sums, logits, encoder calls."""
-    case = _case("Seq1F1B", 1)
+    (the same for every case of one layout): gradients, per-microbatch loss sums, logits,
+    encoder calls."""
+    case = _case("Seq1F1B", 1, interval=interval)
     model = case.model()
     calls = []
-    model.vision.encoder.register_forward_hook(lambda *_: calls.append(1))
+    model.vision_encoder.register_forward_hook(lambda *_: calls.append(1))
     microbatches = case.microbatches()
     valid = sum(int((mb["target"] != -100).sum()) for mb in microbatches)
     losses, logits = [], []
@@ -218,10 +226,10 @@ def test_cases_straddle_cuts_and_leave_segments_without_images():
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_matches_unsplit_reference(pipeline_runs, reference, case):
-    ranks = pipeline_runs[case]
+def test_matches_unsplit_reference(pipeline_runs, case):
+    ranks, reference = pipeline_runs[case], _reference(case.linear_attention_interval)
     pairs = _pairs(ranks, reference)
-    assert any(name.startswith("vision.encoder.") for name in pairs)
+    assert any(name.startswith("vision_encoder.") for name in pairs)
     for name, (found, expected) in pairs.items():
         torch.testing.assert_close(found, expected, rtol=RTOL, atol=ATOL, msg=name)
     WORST[_case_id(case)] = max(_relative(*pair) for pair in pairs.values())
@@ -234,9 +242,11 @@ def test_matches_unsplit_reference(pipeline_runs, reference, case):
         assert rank["left_after_step"] == 0 and rank["left_after_eval"] == 0
 
 
-def test_features_gradient_of_the_last_segment_only_fails(pipeline_runs, reference):
+def test_features_gradient_of_the_last_segment_only_fails(pipeline_runs):
     """Negative control: the encoder backpropagated with one segment's rows is wrong."""
-    pairs = _pairs(pipeline_runs["control"], reference)
-    encoder = [_relative(*pair) for name, pair in pairs.items() if name.startswith("vision.")]
+    pairs = _pairs(pipeline_runs["control"], _reference(CONTROL.linear_attention_interval))
+    encoder = [
+        _relative(*pair) for name, pair in pairs.items() if name.startswith("vision_encoder.")
+    ]
     WORST["control (last segment's feature gradient only)"] = max(encoder)
     assert max(encoder) > 1e-3

@@ -50,9 +50,8 @@ class TinyVLM(TinyTransformer):
 
     def __init__(self, args: TinyVLMArgs):
         super().__init__(args)
-        self.vision: SegmentAwareImageScatter | None = SegmentAwareImageScatter(
-            PatchEncoder(args.patch_dim, args.dim)
-        )
+        self.vision_encoder: PatchEncoder | None = PatchEncoder(args.patch_dim, args.dim)
+        self.image_scatter: SegmentAwareImageScatter | None = SegmentAwareImageScatter()
 
     def forward(
         self,
@@ -73,12 +72,13 @@ class TinyVLM(TinyTransformer):
         return self.decode(x, None if positions is None else positions.sum(-1))
 
     def _embed(self, tokens, pixel_values, image_index) -> torch.Tensor:
-        return self.vision(self.tok_embeddings(tokens), pixel_values, image_index)
+        encode = None if pixel_values is None else lambda: self.vision_encoder(pixel_values)
+        return self.image_scatter(self.tok_embeddings(tokens), encode, image_index)
 
     def stage(
         self, stage_index: int, num_stages: int, compile_blocks: bool | None = None
     ) -> "TinyVLM":
         part = super().stage(stage_index, num_stages, compile_blocks)
         if stage_index > 0:
-            part.vision = None
+            part.vision_encoder = part.image_scatter = None
         return part

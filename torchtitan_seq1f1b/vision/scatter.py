@@ -23,8 +23,9 @@ recompute finds the features kept and encodes nothing; the scatter's backward
 runs once per segment whichever forward saved it.
 """
 
+from collections.abc import Callable
+
 import torch
-import torch.nn as nn
 
 from torchtitan_seq1f1b.attention.binding import SegmentAwareLayer
 from torchtitan_seq1f1b.kv_store import KVStore
@@ -65,39 +66,37 @@ class _ScatterFeatures(torch.autograd.Function):
 
 
 class SegmentAwareImageScatter(SegmentAwareLayer):
-    """``encoder``'s features of a microbatch's images written into its token embeddings.
+    """A microbatch's image features written into its token embeddings.
 
-    ``encoder(pixel_values)``: features whose rows, flattened over all but the
-    last dim, are the image tokens' in :func:`image_feature_index` order, (N, dim)
-    or (num_images, tokens_per_image, dim). Bound to a stage's K/V store
+    It owns no parameters: the model keeps its encoder where its checkpoints
+    name it and hands the scatter ``encode``, a call that runs the encoder on
+    the microbatch's images. Bound to a stage's K/V store
     (:func:`~torchtitan_seq1f1b.attention.bind_attention`), a unit's segment 0
-    encodes and the others reuse its features (module doc); unbound or outside a
-    unit, whole rows are encoded and scattered in plain autograd.
+    encodes and the others reuse its features (module doc); unbound or outside
+    a unit, whole rows are encoded and scattered in plain autograd.
     """
-
-    def __init__(self, encoder: nn.Module):
-        super().__init__()
-        self.encoder = encoder
 
     def forward(
         self,
         embeds: torch.Tensor,
-        pixel_values: torch.Tensor | None,
+        encode: Callable[[], torch.Tensor] | None,
         image_index: torch.Tensor | None,
     ) -> torch.Tensor:
-        """embeds: (B, L, dim) the segment's token embeddings; pixel_values: the
-        microbatch's images (None: no images); image_index: (B, L) int64 the
+        """embeds: (B, L, dim) the segment's token embeddings; encode: () -> the
+        microbatch's features, rows in :func:`image_feature_index` order once
+        flattened over all but the last dim, (N, dim) or (num_images,
+        tokens_per_image, dim) (None: no images); image_index: (B, L) int64 the
         segment's cut of :func:`image_feature_index`. Returns (B, L, dim)."""
-        if pixel_values is None:
+        if encode is None:
             return embeds
         store = self.kv_store
         running = None if store is None else store.running
         if running is None:
-            features = self.encoder(pixel_values).flatten(0, -2)
+            features = encode().flatten(0, -2)
             return _scatter(embeds, features, image_index) if features.shape[0] else embeds
         if running.context is not None:
             raise NotImplementedError("image features do not run under context parallelism")
-        state = store.layer_state(self, lambda: self._encode(pixel_values, running), embeds)
+        state = store.layer_state(self, lambda: self._encode(encode, running), embeds)
         store.record_peak()
         if state.features.shape[0] == 0:
             return embeds
@@ -105,9 +104,9 @@ class SegmentAwareImageScatter(SegmentAwareLayer):
             embeds, state.features, image_index, state, running.unit.segment, store
         )
 
-    def _encode(self, pixel_values: torch.Tensor, running) -> ImageFeatures:
+    def _encode(self, encode: Callable[[], torch.Tensor], running) -> ImageFeatures:
         # The encoder's graph outlives this segment's checkpoint region, if any: its
         # saved tensors must not go through that region's hooks.
         with torch.autograd.graph.saved_tensors_hooks(_unchanged, _unchanged):
-            encoded = self.encoder(pixel_values).flatten(0, -2)
+            encoded = encode().flatten(0, -2)
         return ImageFeatures(encoded, running.plan.num_segments)
