@@ -20,9 +20,10 @@ from torchtitan.tools import utils
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
-from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_recall_data
+from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_image_data, use_recall_data
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import (
+    import_registry,
     seq1f1b_config,
     seq1f1b_job,
     torchtitan_config_names,
@@ -179,46 +180,58 @@ def test_bad_option_is_named(change, message):
     assert message in problems_of(config)
 
 
-@pytest.mark.parametrize(
-    "name, reason",
-    [
-        ("kimi_k2_5", "a vision-language model"),
-        ("mistral", "it is not verified under Seq1F1B"),
-    ],
-)
-def test_other_models_are_refused_with_the_reason(name, reason):
+def test_other_models_are_refused_with_the_reason():
     config = seq1f1b_debug()
-    config.model_spec = dataclasses.replace(config.model_spec, name=name)
+    config.model_spec = dataclasses.replace(config.model_spec, name="mistral")
     problems = problems_of(config)
-    assert f"model {name!r}: {reason}" in problems
-    assert "Seq1F1B supports ['llama3', 'qwen3', 'qwen3_5', 'deepseek_v3', 'gpt_oss']" in problems
+    assert "model 'mistral': it is not verified under Seq1F1B" in problems
+    assert (
+        "Seq1F1B supports ['llama3', 'qwen3', 'qwen3_5', 'deepseek_v3', 'gpt_oss', 'kimi_k2_5']"
+        in problems
+    )
 
 
-def qwen3_5_job(recall: bool = True) -> Seq1F1BTrainer.Config:
-    """``--config qwen35_debugmodel`` at PP = 2 as the trainer checks it: on the recall
-    corpus (``--seq1f1b.data recall``) or on its own images."""
+def qwen3_5_job(data: str = "recall") -> Seq1F1BTrainer.Config:
+    """``--config qwen35_debugmodel`` at PP = 2 as the trainer checks it, with
+    ``--seq1f1b.data recall`` or ``images``."""
     config = ConfigManager().parse_args([
         "--module", "torchtitan_seq1f1b", "--config", "qwen35_debugmodel",
         "--parallelism.pipeline_parallel_degree", "2",
     ])
-    if recall:
-        use_recall_data(config)
+    (use_recall_data if data == "recall" else use_image_data)(config)
     return config
 
 
-def test_qwen3_5_trains_as_a_text_decoder_on_the_recall_corpus():
-    config = qwen3_5_job()
+@pytest.mark.parametrize("data", ["recall", "images"])
+def test_qwen3_5_trains_on_the_shipped_corpora(data):
+    config = qwen3_5_job(data)
     assert config.model_spec.name == "qwen3_5" and config.seq1f1b.schedule == "Seq1F1B"
     check_config(config)
+
+
+def test_the_image_corpus_takes_the_models_vision_settings():
+    qwen = qwen3_5_job("images").dataloader.vision
+    assert (qwen.patch_size, qwen.temporal_patch_size, qwen.patch_order) == (16, 2, "block")
+    assert qwen.build_mrope_positions and not qwen.shared_placeholder
+    kimi = import_registry("kimi_k2_7", "kimi_k2_5_debugmodel").kimi_k2_5_debugmodel()
+    use_image_data(kimi)
+    loader = kimi.dataloader.vision
+    assert (loader.patch_size, loader.temporal_patch_size, loader.patch_order) == (14, 1, "raster")
+    assert not loader.build_mrope_positions and loader.shared_placeholder
+
+
+def test_kimi_configs_name_torchtitans_own_refusal():
+    """torchtitan's kimi configs refuse their DistMuon under pipeline parallelism."""
+    with pytest.raises(ValueError, match="torchtitan itself refuses it under pipeline "
+                       "parallelism: Kimi DistMuon currently requires"):
+        ConfigManager().parse_args([
+            "--module", "torchtitan_seq1f1b", "--config", "kimi_k2_5_debugmodel",
+        ])
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda c: None,
-         "model 'qwen3_5' reads images (MMDataLoader.Config): Seq1F1B pipelines its text "
-         "decoder only; the vision encoder runs on torchtitan's pipeline_vlm stages; train "
-         "on text: --seq1f1b.data recall, or a text dataloader"),
         (lambda c: setattr(c.parallelism, "context_parallel_degree", 2),
          "parallelism.context_parallel_degree=2 with GatedDeltaNet layers [0, 1, 2, 4, 5, 6]: "
          "their recurrence runs each segment on one rank"),
@@ -227,12 +240,26 @@ def test_qwen3_5_trains_as_a_text_decoder_on_the_recall_corpus():
          "the segment-aware GatedDeltaNet is not sharded by heads; set "
          "--parallelism.tensor_parallel_degree 1"),
     ],
-    ids=["images", "context_parallel", "tensor_parallel"],
+    ids=["context_parallel", "tensor_parallel"],
 )
 def test_qwen3_5_refusals_name_the_option(change, message):
-    config = qwen3_5_job(recall="images" not in message)
+    config = qwen3_5_job()
     change(config)
     assert message in problems_of(config)
+
+
+@pytest.mark.parametrize("data", ["config", "images"])
+def test_images_under_context_parallelism_are_refused(data):
+    config = qwen3_5_job("images")
+    if data == "config":  # torchtitan's own multimodal dataloader
+        config.dataloader = ConfigManager().parse_args([
+            "--module", "torchtitan_seq1f1b", "--config", "qwen35_debugmodel",
+        ]).dataloader
+    config.parallelism.context_parallel_degree = 2
+    assert (
+        "parallelism.context_parallel_degree=2 with images for 'qwen3_5': the image "
+        "features are scattered into whole segments on one rank"
+    ) in problems_of(config)
 
 
 def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
@@ -244,7 +271,7 @@ def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
         )
     output = failure.value.output
     assert output.count("Seq1F1BConfigError: Seq1F1B cannot run this job") >= 2
-    for message in ("model 'qwen3_5' reads images", "context_parallel_degree=2 with GatedDeltaNet"):
+    for message in ("context_parallel_degree=2 with images", "context_parallel_degree=2 with GatedDeltaNet"):
         assert output.count(message) >= 2
     assert "Training starts" not in output
 

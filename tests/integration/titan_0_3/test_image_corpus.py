@@ -25,7 +25,7 @@ def batch():
 def test_shapes_and_dtypes(batch):
     inputs, labels = batch
     n = len(INDICES) * SPEC.images_per_row
-    patch_dim = 3 * SPEC.temporal_patch_size * SPEC.patch_size**2
+    patch_dim = 3 * SPEC.vision.temporal_patch_size * SPEC.vision.patch_size**2
     max_patches = max(h * w for h, w in SPEC.grids)
     assert inputs["input"].shape == labels.shape == (len(INDICES), SPEC.seq_len)
     assert inputs["positions"].shape == (len(INDICES), SPEC.seq_len)
@@ -33,7 +33,7 @@ def test_shapes_and_dtypes(batch):
     assert inputs["pixel_values"].dtype == torch.float32
     assert inputs["pixel_values"].shape[0] == n and inputs["pixel_values"].shape[2] == patch_dim
     assert inputs["pixel_values"].shape[1] <= max_patches
-    assert inputs["pixel_values"].shape[1] % SPEC.spatial_merge_size**2 == 0
+    assert inputs["pixel_values"].shape[1] % SPEC.vision.spatial_merge_size**2 == 0
     assert inputs["grid_thw"].shape == (n, 3) and inputs["grid_thw"].dtype == torch.int64
     assert (inputs["grid_thw"][:, 0] == 1).all()  # one frame, padded to temporal_patch_size
     assert inputs["mrope_positions"].shape == (len(INDICES), SPEC.seq_len, 3)
@@ -45,7 +45,7 @@ def test_shapes_and_dtypes(batch):
 def test_image_runs_match_merged_patches(batch):
     """torchtitan's own check: one image-token run per image, of its merged patch count."""
     inputs, labels = batch
-    merged = inputs["grid_thw"].prod(-1) // SPEC.spatial_merge_size**2
+    merged = inputs["grid_thw"].prod(-1) // SPEC.vision.spatial_merge_size**2
     image_id = inputs["special_tokens"]["image_id"]
     runs = get_vision_positions(inputs["input"], merged, image_id)
     assert [n for *_, n in runs] == merged.tolist()
@@ -74,7 +74,8 @@ def test_deterministic_and_row_wise():
 
 
 def test_chunk_ends_name_their_images_colour():
-    """The label that ends each chunk is the colour word of the chunk's image's pixels."""
+    """The label that ends each chunk is the colour word of the chunk's image's pixels:
+    its colour under noise of at most texture / 2, every pixel its own."""
     palette = SPEC.palette()
     for index in INDICES:
         row = image_text_row(SPEC, index)
@@ -84,8 +85,8 @@ def test_chunk_ends_name_their_images_colour():
         for end, image in zip(ends, row["pixel_values"], strict=True):
             colour = int(tokens[end - 1])
             assert colour < SPEC.colours
-            assert torch.equal(image[0, 0, 0], palette[colour])
-            assert (image == image[0, 0, 0]).all()
+            assert ((image - palette[colour]).abs() <= SPEC.texture / 2).all()
+            assert len(image.flatten(0, 2).unique(dim=0)) == image[0].flatten(0, 1).shape[0]
 
 
 def test_qwen35_debugmodel_forward_on_cpu(batch):
@@ -109,8 +110,8 @@ def test_qwen35_debugmodel_forward_on_cpu(batch):
         tok_embeddings=dataclasses.replace(config.tok_embeddings, num_embeddings=SPEC.vocab),
         lm_head=dataclasses.replace(config.lm_head, out_features=SPEC.vocab),
     )
-    assert config.vision_encoder.patch_size == SPEC.patch_size
-    assert config.vision_encoder.spatial_merge_size == SPEC.spatial_merge_size
+    assert config.vision_encoder.patch_size == SPEC.vision.patch_size
+    assert config.vision_encoder.spatial_merge_size == SPEC.vision.spatial_merge_size
     torch.manual_seed(0)
     model = config.build()
     model.init_states()

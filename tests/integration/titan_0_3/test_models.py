@@ -27,7 +27,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tests.harness import assert_same_training, RunFailed, TEST_ARGS, torchrun
-from tests.integration.titan_0_3 import fewer_experts, input_dtype_experts
+from tests.integration.titan_0_3 import adamw_kimi, fewer_experts, input_dtype_experts
 
 # Model family: its debug config in torchtitan's registry, the steps each run trains,
 # the job's own flags and the launchers that change the config.
@@ -43,6 +43,10 @@ MODELS = {
         "--training.seq_len", "256", "--dataloader.dataset_path", "doc_tokens=201,words=128",
         "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1",
     ), ()),
+    # deepseek_v3's decoder under a MoonViT encoder, on the synthetic image-text corpus.
+    "kimi_k2_5": ("kimi_k2_5_debugmodel", 3, ("--seq1f1b.data", "images"), (
+        adamw_kimi.__name__,
+    )),
 }
 DATA_ARGS = (
     "--seq1f1b.data", "recall", "--metrics.enable_tensorboard", *TEST_ARGS,
@@ -63,7 +67,7 @@ def _steps_and_final_save(steps: int) -> tuple[str, ...]:
 
 def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
                   job_args: tuple[str, ...], launchers: tuple[str, ...]):
-    """run(nproc, *args, name): a ``steps``-step run of torchtitan's
+    """run(nproc, *args, name, more_launchers=()): a ``steps``-step run of torchtitan's
     ``config`` with ``job_args`` and ``launchers``, from one seed
     checkpoint written here; ``run.steps``: ``steps``."""
     config = f"torchtitan_seq1f1b:{config}"
@@ -75,12 +79,13 @@ def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
         launchers=launchers,
     )
 
-    def run(nproc, *args, name: str):
+    def run(nproc, *args, name: str, more_launchers: tuple[str, ...] = ()):
         return torchrun(
             tmp_path_factory.mktemp(f"{label}_{name}"), nproc, *DATA_ARGS, *job_args,
             "--checkpoint.enable",
             "--checkpoint.initial_load_path", str(seed / "checkpoint" / "step-0"),
-            *_steps_and_final_save(steps), *args, config=config, launchers=launchers,
+            *_steps_and_final_save(steps), *args, config=config,
+            launchers=(*more_launchers, *launchers),
         )
 
     run.steps = steps

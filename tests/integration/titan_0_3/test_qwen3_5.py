@@ -12,14 +12,18 @@ step-1 grad_norm within 1e-4, and the MoE's expert biases bit for bit. Both
 runs compute the GatedDeltaNet with this package's plain-torch recurrence on
 CPU; under Seq1F1B its state and conv tail cross every segment cut.
 
-CI runs Seq1F1B on the dense and the MoE config; the other schedules are
+The images flavour trains ``qwen35_debugmodel`` on the shipped image-text corpus
+(``--seq1f1b.data images``): the vision encoder on the first stage, each image
+encoded once per microbatch and its tokens' features scattered segment by
+segment; its negative control numbers each segment's image tokens from its own
+first one. CI runs Seq1F1B on every flavour; the other schedules are
 ``extended`` (``python -m pytest tests/integration/titan_0_3/test_qwen3_5.py -m extended``).
 """
 
 import pytest
 
-from tests.harness import assert_same_training
-from tests.integration.titan_0_3 import smaller_vocab
+from tests.harness import assert_same_training, largest_difference, TORCHTITAN_RTOL
+from tests.integration.titan_0_3 import segment_local_images, smaller_vocab
 from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
 from tests.integration.titan_0_3.test_torchtitan import seq1f1b_args
 
@@ -32,6 +36,8 @@ SINGLE_RANK_PER_STAGE = (
 MODELS = {
     "dense": ("qwen35_debugmodel", ()),
     "moe": ("qwen35_debugmodel_moe", SINGLE_RANK_PER_STAGE),
+    # The synthetic image-text corpus: two images a row, encoded on the first stage.
+    "images": ("qwen35_debugmodel", ("--seq1f1b.data", "images")),
 }
 PIPELINED = ("--parallelism.pipeline_parallel_degree", "2")
 
@@ -64,6 +70,15 @@ def test_seq1f1b_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
     _assert_matches(qwen_run, pipelined, qwen_unpipelined, "Seq1F1B")
 
 
+@pytest.mark.parametrize("qwen_run", ["images"], indirect=True)
+def test_segment_local_image_rows_fail(qwen_run, qwen_unpipelined):
+    """Negative control: each segment's image tokens numbered from its own first one."""
+    broken = qwen_run(
+        2, *PIPELINED, name="segment_local", more_launchers=(segment_local_images.__name__,)
+    )
+    assert largest_difference(broken, qwen_unpipelined) > TORCHTITAN_RTOL
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("qwen_run", ["dense"], indirect=True)
 def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
@@ -83,12 +98,13 @@ def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
      ("Seq1F1BZBV", ("activation_checkpoint:none",))],
     ids=["zero_bubble_full_ac", "zbv"],
 )
-@pytest.mark.parametrize("qwen_run", ["dense"], indirect=True)
+@pytest.mark.parametrize("qwen_run", ["dense", "images"], indirect=True)
 def test_split_backward_pp2_matches_unpipelined(
     qwen_run, qwen_unpipelined, schedule, more_args
 ):
     """Input gradients (the state's and the conv tail's among them) before weight
-    gradients; under full checkpointing every segment is recomputed in both."""
+    gradients; under full checkpointing every segment is recomputed in both. With
+    images, the encoder's backward runs in segment 0's weight step."""
     pipelined = qwen_run(
         2, *PIPELINED, *seq1f1b_args(schedule), *more_args, name=schedule
     )

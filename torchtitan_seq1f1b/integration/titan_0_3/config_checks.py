@@ -34,24 +34,19 @@ from torchtitan_seq1f1b.integration.titan_0_3.gated_delta_net import gated_delta
 from torchtitan_seq1f1b.integration.titan_0_3.job_data import data_problems
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
-from torchtitan_seq1f1b.integration.titan_0_3.vision_language import image_problems
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import vision_problems
 
 __all__ = [
     "MODEL_NAMES",
-    "REFUSED_MODELS",
     "check_attention_backend",
     "check_config",
     "compute_dtype",
     "runs_seq1f1b",
 ]
 
-# Models verified under Seq1F1B (README's model table); qwen3_5 as a text decoder.
-MODEL_NAMES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss")
-# Why the other decoders of torchtitan 0.3's registries are refused.
-REFUSED_MODELS = {
-    "kimi_k2_5": "a vision-language model, which torchtitan pipelines with its own "
-    "pipeline_vlm; Seq1F1B pipelines decoders only",
-}
+# Models verified under Seq1F1B (README's model table).
+MODEL_NAMES = ("llama3", "qwen3", "qwen3_5", "deepseek_v3", "gpt_oss", "kimi_k2_5")
+
 
 
 def runs_seq1f1b(config: Trainer.Config) -> bool:
@@ -106,11 +101,15 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
     entry = SCHEDULES[options.schedule]
     spec = config.model_spec
     if spec is not None and spec.name not in MODEL_NAMES:
-        why = REFUSED_MODELS.get(spec.name, "it is not verified under Seq1F1B")
-        return [f"model {spec.name!r}: {why}; Seq1F1B supports {list(MODEL_NAMES)}"]
+        return [
+            f"model {spec.name!r}: it is not verified under Seq1F1B; Seq1F1B supports "
+            f"{list(MODEL_NAMES)}"
+        ]
     problems = []
     if spec is not None:
-        problems += image_problems(spec.name, config.dataloader)
+        problems += vision_problems(
+            spec.name, config.dataloader, parallelism.context_parallel_degree
+        )
         problems += gated_delta_net_problems(
             spec.model, parallelism.tensor_parallel_degree, parallelism.context_parallel_degree
         )

@@ -1,22 +1,25 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""A synthetic image-text corpus for qwen3_5, made at run time (no downloads, no torchvision).
+"""A synthetic image-text corpus for torchtitan's VLMs, made at run time (no downloads, no
+torchvision).
 
 Every row holds ``images_per_row`` chunks ``<vision_start> <image>*n
-<vision_end> filler... colour filler...``: an image of one solid colour, then
+<vision_end> filler... colour``: an image of one colour under noise, then
 random filler words, the colour's word at the chunk's end. The colour word
 can only be predicted by looking back at the image, a chunk's length away,
 so under Seq1F1B it often needs an earlier segment's image features.
 
 Rows are made from (seed, index) and batched by torchtitan 0.3's own
-``MultiModalCollator`` (patches in block order, padding, MRoPE positions), so
-a batch is what its multimodal dataloader yields for qwen3_5: ``input``
+``MultiModalCollator`` (patches in the model's order, padding, MRoPE positions),
+so a batch is what its multimodal dataloader yields for qwen3_5: ``input``
 (B, T), ``positions`` (B, T), ``pixel_values`` (N, max_patches,
 3 * temporal_patch_size * patch_size**2), ``grid_thw`` (N, 3),
-``mrope_positions`` (B, T, 3), ``special_tokens``, and labels (B, T).
+``mrope_positions`` (B, T, 3), ``special_tokens``, and labels (B, T); for
+kimi_k2_5 patches in raster order, no MRoPE and one placeholder id.
 """
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +30,27 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from torchtitan_seq1f1b.integration.titan_0_3.vision_language import torchvision_stand_in
 
-__all__ = ["ImageTextSpec", "image_text_batch", "image_text_row"]
+__all__ = [
+    "ImageTextSpec",
+    "VisionSettings",
+    "image_text_batch",
+    "image_text_collator",
+    "image_text_row",
+]
+
+
+@dataclass(frozen=True)
+class VisionSettings:
+    """A model's image batching, as the fields of torchtitan's ``MMDataLoader.Config``
+    (qwen3_5's by default); ``shared_placeholder``: images and videos share one
+    placeholder id (kimi_k2_5's ``<|media_pad|>``), else there are no video tokens."""
+
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    patch_order: str = "block"
+    build_mrope_positions: bool = True
+    shared_placeholder: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,24 +62,26 @@ class ImageTextSpec:
         tokens (the last chunk takes the remainder).
     grids: image sizes in patches ``(h, w)``, each image's drawn from these;
         multiples of ``spatial_merge_size``.
-    colours: distinct solid colours; colour c's word is token id c.
+    colours: distinct colours; colour c's word is token id c.
+    texture: amplitude of the uniform noise added to an image's colour, so that
+        every patch differs (0: solid colours).
     vocab: token ids are below it; the top four are vision_start, vision_end,
         image and pad, the ids in between filler words.
     seed: corpus seed; rows differ for every (seed, index).
+    vision: the model's image batching.
     """
 
     seq_len: int = 128
     images_per_row: int = 2
     grids: tuple[tuple[int, int], ...] = ((4, 4), (2, 4))
     colours: int = 8
+    texture: float = 0.5
     vocab: int = 2048
     seed: int = 0
-    patch_size: int = 16
-    temporal_patch_size: int = 2
-    spatial_merge_size: int = 2
+    vision: VisionSettings = VisionSettings()
 
     def __post_init__(self):
-        merge = self.spatial_merge_size
+        merge = self.vision.spatial_merge_size
         if any(h % merge or w % merge for h, w in self.grids):
             raise ValueError(f"grids {self.grids} must be multiples of spatial_merge_size {merge}")
         if not 1 <= self.colours < self.vocab - 4:  # leaves a filler word
@@ -71,10 +96,11 @@ class ImageTextSpec:
 
     @property
     def special_tokens(self) -> dict[str, int]:
-        """The token ids of torchtitan's MultiModalTokenizer fields (no video: -1)."""
+        """The token ids of torchtitan's MultiModalTokenizer fields."""
         top = self.vocab - 1
+        video = top - 1 if self.vision.shared_placeholder else -1
         return {"vision_start_id": top - 3, "vision_end_id": top - 2, "image_id": top - 1,
-                "pad_id": top, "video_id": -1}
+                "pad_id": top, "video_id": video}
 
     @property
     def filler_ids(self) -> range:
@@ -82,7 +108,7 @@ class ImageTextSpec:
 
     def image_tokens(self, grid: tuple[int, int]) -> int:
         """Tokens of an image of ``grid`` patches: qwen3_5 merges merge**2 patches into one."""
-        return grid[0] * grid[1] // self.spatial_merge_size**2
+        return grid[0] * grid[1] // self.vision.spatial_merge_size**2
 
     def palette(self) -> torch.Tensor:
         """(colours, 3) float32 RGB in [-1, 1], the range of torchtitan's normalized pixels."""
@@ -119,8 +145,11 @@ def image_text_row(spec: ImageTextSpec, index: int) -> dict[str, Any]:
         # The colour word ends the chunk: as far from its image as the chunk allows.
         tokens += [ids["vision_start_id"], *[ids["image_id"]] * run, ids["vision_end_id"],
                    *filler, colour]
-        h, w = (n * spec.patch_size for n in grid)
-        images.append(palette[colour].expand(1, h, w, 3).clone())
+        h, w = (n * spec.vision.patch_size for n in grid)
+        # Texture on the colour: every patch of every image differs.
+        noise = torch.Generator().manual_seed(rng.getrandbits(63))
+        texture = torch.rand(1, h, w, 3, generator=noise) - 0.5
+        images.append((palette[colour] + spec.texture * texture).clamp(-1, 1))
     input_ids = torch.tensor(tokens)
     vision = torch.tensor([ids["vision_start_id"], ids["vision_end_id"], ids["image_id"]])
     labels = input_ids.masked_fill(torch.isin(input_ids, vision), IGNORE_INDEX)
@@ -128,23 +157,28 @@ def image_text_row(spec: ImageTextSpec, index: int) -> dict[str, Any]:
             "pixel_values": images}
 
 
-def image_text_batch(
-    spec: ImageTextSpec, indices: Sequence[int]
-) -> tuple[dict[str, Any], torch.Tensor]:
-    """Rows ``indices`` collated by torchtitan's MultiModalCollator, as its dataloader
-    yields them for qwen3_5: (input_dict, labels (B, seq_len)); see the module doc."""
+def image_text_collator(spec: ImageTextSpec, batch_size: int):
+    """torchtitan's MultiModalCollator for ``batch_size`` rows of ``spec``: patches
+    in the model's order, padding, MRoPE positions if the model takes them."""
     # Its module imports torchvision to decode images; made ones need no decoding.
     with torchvision_stand_in():
         from torchtitan.hf_datasets.multimodal.mm_collator import MultiModalCollator
 
-    collator = MultiModalCollator(
-        batch_size=len(indices),
+    vision = dataclasses.asdict(spec.vision)
+    del vision["shared_placeholder"]  # the tokenizer's ids say it
+    return MultiModalCollator(
+        batch_size=batch_size,
         seq_len=spec.seq_len,
-        max_images_per_batch=len(indices) * spec.images_per_row,
-        patch_size=spec.patch_size,
-        temporal_patch_size=spec.temporal_patch_size,
-        spatial_merge_size=spec.spatial_merge_size,
+        max_images_per_batch=batch_size * spec.images_per_row,
         tokenizer=_Tokenizer(spec.special_tokens),
-        build_mrope_positions=True,
+        **vision,
     )
-    return collator([image_text_row(spec, i) for i in indices])
+
+
+def image_text_batch(
+    spec: ImageTextSpec, indices: Sequence[int]
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """Rows ``indices`` collated as torchtitan's multimodal dataloader yields them:
+    (input_dict, labels (B, seq_len)); see the module doc."""
+    rows = [image_text_row(spec, i) for i in indices]
+    return image_text_collator(spec, len(indices))(rows)

@@ -1,15 +1,18 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""A job's data and tokenizer: its own, or the shipped recall corpus (``seq1f1b.data``).
+"""A job's data and tokenizer: its own, or a corpus this package ships (``seq1f1b.data``).
 
 torchtitan's debug configs read its repository's test assets
-(``./tests/assets/tokenizer``, the ``c4_test`` sample), which a pip install
-does not have. ``--seq1f1b.data recall`` swaps in the corpus and tokenizer
-this package ships; otherwise a missing local path is refused at start-up,
-naming the option to set.
+(``./tests/assets/tokenizer``, the ``c4_test`` and ``cc12m-test`` samples),
+which a pip install does not have. ``--seq1f1b.data recall`` swaps in the
+recall corpus and the shipped tokenizer, ``--seq1f1b.data images`` the
+synthetic image-text corpus (:mod:`.image_dataloader`) for a vision-language
+model; otherwise a missing local path is refused at start-up, naming the
+option to set.
 """
 
+import dataclasses
 import os
 
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
@@ -17,8 +20,15 @@ from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLo
 from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.data import DATASET_NAMES, RecallSpec, TOKENIZER_DIR
+from torchtitan_seq1f1b.integration.titan_0_3.image_corpus import VisionSettings
+from torchtitan_seq1f1b.integration.titan_0_3.image_dataloader import (
+    IMAGE_DATASET,
+    ImageTextDataLoader,
+)
 
-__all__ = ["data_problems", "use_recall_data"]
+__all__ = ["data_problems", "use_image_data", "use_recall_data"]
+
+
 
 _TRAIN, _VALIDATION = DATASET_NAMES  # "seq1f1b_recall", "seq1f1b_recall_validation"
 
@@ -50,6 +60,24 @@ def use_recall_data(config: Trainer.Config) -> None:
         )
 
 
+def use_image_data(config: Trainer.Config) -> None:
+    """Train on the image-text corpus, batched with the vision settings of the job's
+    multimodal dataloader, its token ids those of the shipped tokenizer. The job
+    validates on nothing: the corpus has no end to validate over."""
+    own, tokens = config.dataloader, config.tokenizer
+    settings = {f.name: getattr(own, f.name) for f in dataclasses.fields(VisionSettings)
+                if hasattr(own, f.name)}
+    # One placeholder for images and videos, as kimi_k2_5's tokenizer has.
+    settings["shared_placeholder"] = (
+        getattr(tokens, "image_token", None) == getattr(tokens, "video_token", "")
+    )
+    config.hf_assets_path = str(TOKENIZER_DIR)
+    config.tokenizer = HuggingFaceTokenizer.Config()
+    config.dataloader = ImageTextDataLoader.Config(vision=VisionSettings(**settings))
+    if config.validator is not None:
+        config.validator.enable = False
+
+
 def _is_local(path: str) -> bool:
     # A hub dataset is "owner/name"; anything else names a directory.
     return path.startswith((".", "/", "~")) or path.count("/") != 1
@@ -68,7 +96,7 @@ def data_problems(config: Trainer.Config) -> list[str]:
     if config.validator is not None and getattr(config.validator, "enable", False):
         loaders.append(("validator.dataloader", config.validator.dataloader))
     for option, loader in loaders:
-        if getattr(loader, "dataset", None) in DATASET_NAMES:
+        if getattr(loader, "dataset", None) in (*DATASET_NAMES, IMAGE_DATASET):
             continue  # generated: its path holds the corpus' parameters
         dataset = DATASETS.get(getattr(loader, "dataset", None))
         path = loader.dataset_path or (dataset.path if dataset is not None else None)

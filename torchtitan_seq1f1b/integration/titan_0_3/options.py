@@ -33,9 +33,10 @@ class Seq1F1BSection(Seq1F1BOptions):
     "Seq1F1BZeroBubble" on "1F1B", "InterleavedSeq1F1B" on "Interleaved1F1B",
     "Seq1F1BZBV" on "ZBVZeroBubble". "none" runs torchtitan's own schedule.
     """
-    data: Literal["config", "recall"] = "config"
+    data: Literal["config", "recall", "images"] = "config"
     """
     "config" trains on the job's own dataset and tokenizer; "recall" on the
     long-range recall corpus and tokenizer this package ships (torchtitan's
-    debug configs read its repository's test assets, which a pip install lacks).
+    debug configs read its repository's test assets, which a pip install lacks);
+    "images" a vision-language model on the synthetic image-text corpus it ships.
     """

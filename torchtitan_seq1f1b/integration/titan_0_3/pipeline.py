@@ -6,13 +6,14 @@
 It does what torchtitan's ``pipeline_llm`` does -- split the model into stages
 for the stage layout of ``parallelism.pipeline_parallel_schedule`` (one stage
 per rank for "1F1B", ``pipeline_parallel_layers_per_stage`` or 2 per rank
-for "Interleaved1F1B", 2 per rank in a V for "ZBVZeroBubble"), apply
-``parallelize_fn`` (TP, AC, FSDP) to every part -- except that the attention
-ops become segment-aware before parallelizing and the stages run under the
+for "Interleaved1F1B", 2 per rank in a V for "ZBVZeroBubble"; a VLM's vision
+encoder on the first, as ``pipeline_vlm``), apply ``parallelize_fn`` (TP, AC,
+FSDP) to every part -- except that the attention ops (and a VLM's image
+scatter) become segment-aware before parallelizing and the stages run under the
 Seq1F1B schedule ``seq1f1b.schedule`` names, with a segment plan derived from
 ``training.seq_len``, the ``seq1f1b`` options and the model's dims. Under
 context parallelism the schedule cuts each segment over the CP mesh. With
-``seq1f1b.schedule = "none"`` it is ``pipeline_llm``.
+``seq1f1b.schedule = "none"`` it is ``pipeline_llm`` (``pipeline_vlm``).
 
 Loss normalisation is torchtitan 0.3's: the trainer passes
 ``loss_kwargs={"global_valid_tokens": ...}`` to ``step()`` and the loss
@@ -34,6 +35,7 @@ from torchtitan.distributed.pipeline_parallel import (
     _get_pipeline_metadata,
     _pipeline_module_split,
     pipeline_llm,
+    pipeline_vlm,
 )
 from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ParallelizeFunction
@@ -50,6 +52,10 @@ from torchtitan_seq1f1b.integration.titan_0_3.contiguous import send_contiguous
 from torchtitan_seq1f1b.integration.titan_0_3.attention import make_segment_aware, MASKS_KWARG
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, segment_plan_for
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import (
+    IMAGE_KWARGS,
+    segment_aware_images,
+)
 from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["pipeline_llm_seq1f1b"]
@@ -83,8 +89,9 @@ def pipeline_llm_seq1f1b(
         ac_config=ac_config,
         dump_folder=dump_folder,
     )
+    vision = getattr(model, "vision_encoder", None) is not None
     if options.schedule == NO_SCHEDULE:
-        return pipeline_llm(
+        return (pipeline_vlm if vision else pipeline_llm)(
             model,
             **parallelize_kwargs,
             device=device,
@@ -100,9 +107,13 @@ def pipeline_llm_seq1f1b(
     num_stages, num_layers, input_weight, output_weight = _get_pipeline_metadata(
         parallel_dims, parallelism, model_config
     )
-    module_names = parallelism.module_fqns_per_model_part or _generate_llm_fqn_per_model_part(
-        num_stages, num_layers, input_weight, output_weight
-    )
+    module_names = parallelism.module_fqns_per_model_part
+    if not module_names:
+        module_names = _generate_llm_fqn_per_model_part(
+            num_stages, num_layers, input_weight, output_weight
+        )
+        if vision:  # pipeline_vlm's split: the encoder beside the token embeddings
+            module_names[0].insert(0, "vision_encoder")
     n_microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
     planner_job = PlannerJob.for_stages(
         model,
@@ -127,6 +138,8 @@ def pipeline_llm_seq1f1b(
         get_mesh=_build_get_mesh_callback(parallel_dims),
     )
     for i, part in enumerate(model_parts):
+        if hasattr(part, "vision_encoder"):
+            segment_aware_images(part)
         model_parts[i] = stages[i].submod = parallelize_fn(part, **parallelize_kwargs)
         send_contiguous(model_parts[i])
 
@@ -139,6 +152,7 @@ def pipeline_llm_seq1f1b(
         positions_kwarg="positions",
         document_ids_kwarg=MASKS_KWARG,
         context_parallel=context_group(parallel_dims),
+        whole_kwargs=IMAGE_KWARGS,
     )
     logger.info(
         f"Using pipeline schedule {options.schedule} on the stage layout of "

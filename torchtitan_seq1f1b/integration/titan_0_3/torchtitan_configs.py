@@ -92,15 +92,29 @@ def _fields(config) -> dict:
     return {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
 
 
+def _pipelining_refusal(config: Trainer.Config) -> str | None:
+    """What a config class's own checks say of it at pipeline_parallel_degree 2 (kimi's
+    refuse its DistMuon optimizer there), if they refuse it."""
+    pipelined = dataclasses.replace(config.parallelism, pipeline_parallel_degree=2)
+    try:
+        dataclasses.replace(config, parallelism=pipelined)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def seq1f1b_job(config: Trainer.Config, name: str) -> Seq1F1BTrainer.Config:
     """``config`` with a default ``seq1f1b`` section (Seq1F1B on torch's 1F1B
     stage layout, k = 4, balanced; segments a multiple of a chunked loss's chunk
     count), Seq1F1B's metrics, and without CUDA graphs, which torchtitan refuses
     under pipeline parallelism."""
     if type(config) is not Trainer.Config:
+        refusal = _pipelining_refusal(config)
         raise ValueError(
             f"--config {name} builds a {type(config).__qualname__}, not torchtitan's "
             "Trainer.Config: Seq1F1B runs jobs of torchtitan's own Trainer only"
+            + (f"; torchtitan itself refuses it under pipeline parallelism: {refusal}"
+               if refusal else "")
         )
     fields = _fields(config)
     if type(config.metrics) is MetricsProcessor.Config:

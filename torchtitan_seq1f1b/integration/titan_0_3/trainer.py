@@ -11,7 +11,8 @@ Before the base trainer initialises anything, every rank checks the config
 (:func:`~.config_checks.check_config`). On a machine without an accelerator
 the attention of an unpipelined model, or of one under torch's schedules,
 becomes the segment-aware one too (torchtitan's flex and varlen attention
-cannot train on CPU), so such a run computes the same math as a Seq1F1B one.
+cannot train on CPU), so such a run computes the same math as a Seq1F1B one;
+a vision encoder's flex attention is computed densely (:mod:`.vision_attention`).
 Op-level selective checkpointing saves the attention backends' forward ops
 (:mod:`.checkpointing`). Under context parallelism a Seq1F1B schedule gets
 whole sequences and cuts every segment over the CP ranks itself.
@@ -19,7 +20,7 @@ With a :class:`~.metrics.Seq1F1BMetricsProcessor`, Seq1F1B jobs log the
 segment plan, the K/V store peak and the bubble estimate, and end with the
 run summary (on the recall corpus: the loss next to the lowest loss a model
 blind to earlier segments can reach). A vision-language model (qwen3_5)
-trains on text alone (:mod:`.vision_language`).
+trains on text, or on images through a segment-aware scatter (:mod:`.vision_language`).
 """
 
 import dataclasses
@@ -37,11 +38,17 @@ from torchtitan_seq1f1b.integration.summary import JobFacts, run_summary
 from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
 from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
-from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_recall_data
+from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_image_data, use_recall_data
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
-from torchtitan_seq1f1b.integration.titan_0_3.vision_language import text_only_inputs
+from torchtitan_seq1f1b.integration.titan_0_3.vision_attention import (
+    with_dense_vision_attention,
+)
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import (
+    image_index_kwargs,
+    text_only_inputs,
+)
 from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["Seq1F1BTrainer"]
@@ -59,14 +66,16 @@ class Seq1F1BTrainer(Trainer):
     def __init__(self, config: Config):
         if config.seq1f1b.data == "recall":
             use_recall_data(config)
+        elif config.seq1f1b.data == "images":
+            use_image_data(config)
         check_config(config)
         config.activation_checkpoint = saving_attention(config.activation_checkpoint)
         spec = config.model_spec
         options = config.seq1f1b
         parallelize_fn = text_only_inputs(spec.parallelize_fn)
         if utils.device_type == "cpu":
-            parallelize_fn = parallelize_with_document_ids(
-                parallelize_fn, options.attention_backend
+            parallelize_fn = with_dense_vision_attention(
+                parallelize_with_document_ids(parallelize_fn, options.attention_backend)
             )
         config.model_spec = dataclasses.replace(
             spec,
@@ -81,15 +90,16 @@ class Seq1F1BTrainer(Trainer):
             self.metrics_processor.figures = Seq1F1BFigures(schedule)
 
     def post_dataloading_process(self, input_dict, labels):
-        """torchtitan's, except that under CP a Seq1F1B schedule gets whole sequences:
-        it cuts each segment over the CP ranks. Each rank counts its share of tokens."""
+        """torchtitan's, except that a Seq1F1B schedule gets whole sequences under CP (it
+        cuts each segment over the CP ranks; each rank counts its share of tokens) and,
+        with images, each image token's feature row (``image_index``), to cut."""
         if not isinstance(getattr(self, "pp_schedule", None), ScheduleSeq1F1B):
             return super().post_dataloading_process(input_dict, labels)
         cp = self.parallel_dims.cp
         with whole_sequences(self.parallel_dims):
-            processed = super().post_dataloading_process(input_dict, labels)
+            inputs, labels, kwargs = super().post_dataloading_process(input_dict, labels)
         self.ntokens_seen -= labels.numel() - labels.numel() // cp
-        return processed
+        return inputs, labels, image_index_kwargs(inputs, kwargs)
 
     def train_step(self, data_iterator) -> None:
         if self._first_step is None:

@@ -1,17 +1,20 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""qwen3_5, a vision-language model in torchtitan 0.3, trained as a text decoder.
+"""torchtitan 0.3's vision-language models (qwen3_5, kimi_k2_5) under Seq1F1B.
 
-torchtitan builds qwen3_5 with a vision encoder, pipelines it with
-``pipeline_vlm`` (the encoder on the first stage) and feeds it from its
-multimodal dataloader. A Seq1F1B job trains the decoder on text alone:
+torchtitan pipelines them with ``pipeline_vlm``: the vision encoder joins the
+first stage, whose forward embeds the tokens, encodes the batch's images and
+writes one feature row per image token (``_prepare_multimodal_embeds``).
+Under Seq1F1B a segment holds only some image tokens, so
+:func:`segment_aware_images` makes that step the segment-aware scatter of
+:mod:`torchtitan_seq1f1b.vision` (each image encoded once per microbatch, its
+gradient summed over the segments that use it); the trainer computes every
+image token's feature row on whole sequences (:func:`image_index_kwargs`) and
+the schedule cuts that map with the segments. Beside it:
 
-- the pipeline stages hold no vision encoder (the stage split names decoder
-  modules only), and a job whose dataloader brings images is refused at
-  start-up (:func:`image_problems`);
-- the model's forward wants the tokenizer's image and video token ids even
-  without images: :func:`text_only_inputs` hands it ids no token has;
+- a text batch brings no image or video token ids, which the model's
+  forward wants: :func:`text_only_inputs` hands it ids no token has;
 - the registries' multimodal dataloader imports torchvision when loaded, which
   a CPU torch stack may lack (PyPI's torchvision pins its own torch build):
   :func:`torchvision_stand_in` lets the registry load, and raises on any use.
@@ -26,9 +29,20 @@ import sys
 import types
 from collections.abc import Iterator
 
+import torch
 import torch.nn as nn
 
-__all__ = ["image_problems", "text_only_inputs", "torchvision_stand_in"]
+from torchtitan_seq1f1b.vision import image_feature_index, SegmentAwareImageScatter
+
+__all__ = [
+    "IMAGE_KWARGS",
+    "brings_images",
+    "image_index_kwargs",
+    "segment_aware_images",
+    "text_only_inputs",
+    "torchvision_stand_in",
+    "vision_problems",
+]
 
 # The model compares tokens with these ids only where a batch brings images.
 NO_VISION_TOKENS = {"image_id": -1, "video_id": -1}
@@ -94,13 +108,99 @@ def text_only_inputs(parallelize_fn):
     return parallelize
 
 
-def image_problems(model_name: str, dataloader) -> list[str]:
-    """Why a Seq1F1B job of a vision-language model cannot read ``dataloader``:
-    torchtitan's multimodal dataloader brings images for the vision encoder."""
-    if not type(dataloader).__module__.startswith("torchtitan.hf_datasets.multimodal"):
+def brings_images(dataloader) -> bool:
+    """Whether a dataloader config's batches hold images: torchtitan's multimodal
+    dataloader's or the shipped image-text corpus'."""
+    module = type(dataloader).__module__
+    return module.startswith("torchtitan.hf_datasets.multimodal") or module == IMAGE_DATA_MODULE
+
+
+def vision_problems(model_name: str, dataloader, cp: int) -> list[str]:
+    """Why a Seq1F1B job of ``model_name`` cannot read ``dataloader``'s images at CP
+    degree ``cp``."""
+    if cp == 1 or not brings_images(dataloader):
         return []
     return [
-        f"model {model_name!r} reads images ({type(dataloader).__qualname__}): Seq1F1B "
-        "pipelines its text decoder only; the vision encoder runs on torchtitan's "
-        "pipeline_vlm stages; train on text: --seq1f1b.data recall, or a text dataloader"
+        f"parallelism.context_parallel_degree={cp} with images for {model_name!r}: the "
+        "image features are scattered into whole segments on one rank; set "
+        "--parallelism.context_parallel_degree 1, or train on text (--seq1f1b.data recall)"
     ]
+
+
+IMAGE_DATA_MODULE = "torchtitan_seq1f1b.integration.titan_0_3.image_dataloader"
+# Whole-batch image inputs: not cut with the segments, whatever their shapes.
+IMAGE_KWARGS = ("pixel_values", "grid_thw", "pixel_values_videos", "grid_thw_videos")
+# special_tokens' key carrying the segment's feature rows into the embedding step.
+_INDEX_KEY = "seq1f1b_image_index"
+
+
+def image_index_kwargs(tokens: torch.Tensor, kwargs: dict) -> dict:
+    """``kwargs`` (a batch's model inputs beside ``tokens`` (B, T)) with ``image_index``
+    (B, T), each image token's feature row, if the batch brings images."""
+    if kwargs.get("pixel_values") is None:
+        return kwargs
+    image_id = kwargs["special_tokens"]["image_id"]
+    return {**kwargs, "image_index": image_feature_index(tokens == image_id)}
+
+
+def _take_image_index(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    # The model's forward takes no image_index: it travels in special_tokens.
+    index = kwargs.pop("image_index", None)
+    if index is not None:
+        kwargs["special_tokens"] = {**kwargs["special_tokens"], _INDEX_KEY: index}
+    return args, kwargs
+
+
+def _tokens_per_item(encoder: nn.Module, grid_thw: torch.Tensor) -> torch.Tensor:
+    """(items,) merged tokens of each image: qwen3_5 merges spatial_merge_unit patches
+    (over time too), kimi_k2_5 pools time and merges its kernel's patches."""
+    if hasattr(encoder, "spatial_merge_unit"):
+        return grid_thw.prod(-1) // encoder.spatial_merge_unit
+    kh, kw = encoder.merge_kernel_size
+    return (grid_thw[:, 1] // kh) * (grid_thw[:, 2] // kw)
+
+
+def _encoded_rows(encoder: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
+    """(N, dim): the images' feature rows, each image's first tokens_per_item rows of the
+    encoder's padded (items, max_tokens, dim) output, in image order."""
+    padded = encoder(pixel_values.to(encoder.patch_embed.weight.dtype), grid_thw=grid_thw)
+    counts = _tokens_per_item(encoder, grid_thw)
+    kept = torch.arange(padded.shape[1], device=padded.device) < counts[:, None]
+    return padded[kept]
+
+
+def _segment_aware_embeds(
+    self,
+    tokens: torch.Tensor,
+    *,
+    pixel_values: torch.Tensor | None,
+    grid_thw: torch.Tensor | None,
+    pixel_values_videos: torch.Tensor | None = None,
+    grid_thw_videos: torch.Tensor | None = None,
+    special_tokens: dict,
+) -> torch.Tensor:
+    """The model's ``_prepare_multimodal_embeds`` on a segment: (B, L) tokens ->
+    (B, L, dim) embeddings with the segment's image tokens' features written in."""
+    if pixel_values_videos is not None:
+        raise NotImplementedError(
+            "a batch brings videos: Seq1F1B scatters image features only; train on images"
+        )
+    embeds = self.tok_embeddings(tokens)
+    if pixel_values is None or grid_thw is None:
+        return embeds
+    index = special_tokens.get(_INDEX_KEY)
+    if index is None:  # whole rows: no schedule cut them
+        index = image_feature_index(tokens == special_tokens["image_id"])
+    encode = functools.partial(_encoded_rows, self.vision_encoder, pixel_values, grid_thw)
+    return self.image_scatter(embeds, encode, index)
+
+
+def segment_aware_images(part: nn.Module) -> None:
+    """Make a pipeline part of a VLM take ``image_index`` (:func:`image_index_kwargs`,
+    cut with the segments), and, if it holds the vision encoder, scatter each
+    segment's image features through a segment-aware scatter."""
+    part.register_forward_pre_hook(_take_image_index, with_kwargs=True)
+    if getattr(part, "vision_encoder", None) is None:
+        return
+    part.image_scatter = SegmentAwareImageScatter()
+    part._prepare_multimodal_embeds = types.MethodType(_segment_aware_embeds, part)
