@@ -24,6 +24,13 @@ from torchtitan_seq1f1b.upstream.experiment_files import (
 )
 from torchtitan_seq1f1b.upstream.formatting import ufmt_format
 from torchtitan_seq1f1b.upstream.patch import file_diff
+from torchtitan_seq1f1b.upstream.schedule_hook import (
+    add_schedule_builder,
+    has_schedule_builder,
+    HOOK_TEST,
+    PARAMETER_LINES,
+    PIPELINE_PARALLEL,
+)
 from torchtitan_seq1f1b.upstream.registration import (
     add_experiment_row,
     add_supported_experiment,
@@ -53,6 +60,25 @@ TABLE = """Intro.
 | [b](./b/) | TBA | [@y](https://github.com/y) |
 
 ## Later section
+"""
+
+PIPELINE = """import torch
+
+
+def pipeline_llm(
+    model,
+    *,
+    loss_fn: LossFunction,
+) -> tuple:
+    stages = split(model)
+    pp_schedule = _build_pipeline_schedule(
+        stages=stages,
+    )
+    return pp_schedule
+
+
+def pipeline_vlm(model, **kwargs):
+    pp_schedule = _build_pipeline_schedule(model)
 """
 
 
@@ -225,3 +251,47 @@ def test_the_experiment_imports_only_public_names():
                     assert alias.name in public[node.module], (path, node.module, alias.name)
                     found.add(node.module)
     assert found == {*PUBLIC_MODULES, titan_runs.__name__}
+
+
+def test_the_hook_is_one_parameter_and_the_call_it_makes():
+    hooked = add_schedule_builder(PIPELINE, PIPELINE_PARALLEL)
+    signature, _, rest = PIPELINE.partition("    loss_fn: LossFunction,\n")
+    body, _, vlm = rest.partition("def pipeline_vlm")
+    assert hooked == (
+        signature + "    loss_fn: LossFunction,\n" + PARAMETER_LINES
+        + body.replace("= _build_pipeline_schedule(", "= (schedule_builder or _build_pipeline_schedule)(")
+        + "def pipeline_vlm" + vlm
+    )
+    assert has_schedule_builder(hooked) and not has_schedule_builder(PIPELINE)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("x = 1\n", "no `def pipeline_llm\\(`"),
+        (PIPELINE.replace("    loss_fn: LossFunction,\n", ""), "0 of 'loss_fn: LossFunction,'"),
+        (PIPELINE.replace("pp_schedule = _build_pipeline_schedule(\n", "pp_schedule = x(\n"),
+         "0 of 'pp_schedule = _build_pipeline_schedule\\('"),
+    ],
+)
+def test_a_pipeline_llm_without_its_anchors_fails_naming_the_file(text, message):
+    with pytest.raises(UpstreamError, match=message) as error:
+        add_schedule_builder(text, PIPELINE_PARALLEL)
+    assert str(error.value).startswith(PIPELINE_PARALLEL)
+
+
+def test_hook_only_writes_the_core_patch_once(tmp_path, capsys):
+    (tmp_path / "torchtitan" / "distributed").mkdir(parents=True)
+    (tmp_path / "torchtitan" / "__init__.py").write_text("")
+    (tmp_path / PIPELINE_PARALLEL).write_text(PIPELINE)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    patch = tmp_path / "hook.patch"
+    assert main(["--torchtitan-src", str(tmp_path), "--output", str(patch), "--hook-only"]) == 0
+    text = patch.read_text()
+    assert [line.split()[-1] for line in text.splitlines() if line.startswith("diff --git")] == [
+        f"b/{PIPELINE_PARALLEL}", f"b/{HOOK_TEST}",
+    ]
+    subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, check=True)
+    assert has_schedule_builder((tmp_path / PIPELINE_PARALLEL).read_text())
+    assert main(["--torchtitan-src", str(tmp_path), "--output", str(patch), "--hook-only"]) == 1
+    assert "has the schedule hook already" in capsys.readouterr().err

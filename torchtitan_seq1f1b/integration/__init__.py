@@ -65,6 +65,8 @@ TOOLKIT = {
     "run_summary": "torchtitan_seq1f1b.integration.summary",
     "GatedDeltaNetConfig": "torchtitan_seq1f1b.linear_attention",
     "SegmentAwareGatedDeltaNet": "torchtitan_seq1f1b.linear_attention",
+    "SegmentAwareImageScatter": "torchtitan_seq1f1b.vision",
+    "image_feature_index": "torchtitan_seq1f1b.vision",
 }
 
 __all__ = sorted(["install", "titan_release", *TOOLKIT])

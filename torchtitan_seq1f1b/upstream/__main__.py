@@ -1,17 +1,19 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""``python -m torchtitan_seq1f1b.upstream --torchtitan-src DIR [--output P] [--ufmt PATH]``.
+"""``python -m torchtitan_seq1f1b.upstream --torchtitan-src DIR [--output P] [--ufmt PATH]
+[--hook-only]``.
 
 ``--output`` defaults to ``seq1f1b.patch``; ``--ufmt`` formats the new Python
-files as torchtitan's pre-commit does (:mod:`.formatting`).
+files as torchtitan's pre-commit does (:mod:`.formatting`); ``--hook-only``
+writes the core patch alone (``pipeline_llm``'s schedule hook, :mod:`.schedule_hook`).
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from torchtitan_seq1f1b.upstream.patch import build_patch
+from torchtitan_seq1f1b.upstream.patch import build_hook_patch, build_patch
 from torchtitan_seq1f1b.upstream.tree import SourceTree, UpstreamError
 
 
@@ -19,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchtitan_seq1f1b.upstream",
         description="Write a patch that adds Seq1F1B to a torchtitan 0.3.x source tree "
-        "as torchtitan/experiments/seq1f1b (apply it with `git apply`).",
+        "as torchtitan/experiments/seq1f1b, after pipeline_llm's schedule hook where the "
+        "tree lacks it (apply it with `git apply`).",
     )
     parser.add_argument(
         "--torchtitan-src", required=True, type=Path,
@@ -33,11 +36,20 @@ def main(argv: list[str] | None = None) -> int:
         help="ufmt executable to format the experiment's Python files with, as torchtitan's "
         "pre-commit does (it pins ufmt 2.3.0, black 22.12.0, usort 1.0.5); default: as written",
     )
+    parser.add_argument(
+        "--hook-only", action="store_true",
+        help="write only the torchtitan core patch: pipeline_llm's schedule_builder hook "
+        "and its unit test (the full patch starts with it where the tree lacks it)",
+    )
     args = parser.parse_args(argv)
+    build = build_hook_patch if args.hook_only else build_patch
     try:
-        patch = build_patch(SourceTree(args.torchtitan_src), ufmt=args.ufmt)
+        patch = build(SourceTree(args.torchtitan_src), ufmt=args.ufmt)
     except UpstreamError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    if not patch:
+        print(f"error: {args.torchtitan_src} has the schedule hook already", file=sys.stderr)
         return 1
     args.output.write_text(patch)
     print(

@@ -1,20 +1,29 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The patch: the experiment's new files and the registration edits as one git diff."""
+"""The patches: torchtitan's schedule hook, and the experiment's new files with the
+registration edits, as git diffs."""
 
 import difflib
+from pathlib import Path
 
 from torchtitan_seq1f1b.upstream.experiment_files import experiment_files
 from torchtitan_seq1f1b.upstream.formatting import ufmt_format
 from torchtitan_seq1f1b.upstream.registration import add_experiment_row, add_supported_experiment
+from torchtitan_seq1f1b.upstream.schedule_hook import (
+    add_schedule_builder,
+    HOOK_TEST,
+    hook_edits,
+    PIPELINE_PARALLEL,
+)
 from torchtitan_seq1f1b.upstream.tree import SourceTree
 
-__all__ = ["EXPERIMENTS_INIT", "EXPERIMENTS_README", "build_patch", "file_diff"]
+__all__ = ["EXPERIMENTS_INIT", "EXPERIMENTS_README", "build_hook_patch", "build_patch", "file_diff"]
 
 EXPERIMENTS_INIT = "torchtitan/experiments/__init__.py"
 EXPERIMENTS_README = "torchtitan/experiments/README.md"
 NO_NEWLINE = "\\ No newline at end of file\n"
+HOOK_TEST_TEXT = Path(__file__).parent / "core" / Path(HOOK_TEST).name
 
 
 def file_diff(path: str, old: str | None, new: str) -> str:
@@ -32,8 +41,24 @@ def file_diff(path: str, old: str | None, new: str) -> str:
     )
 
 
+def build_hook_patch(source: SourceTree, ufmt: str | None = None) -> str:
+    """The core patch: ``pipeline_llm``'s schedule hook and its unit test
+    (:mod:`.schedule_hook`); empty where ``source`` has the hook already."""
+    edits = hook_edits(source)
+    if not edits:
+        return ""
+    old = edits[PIPELINE_PARALLEL]
+    new = add_schedule_builder(old, str(source.root / PIPELINE_PARALLEL))
+    parts = [file_diff(PIPELINE_PARALLEL, old, new)]
+    files = {HOOK_TEST: HOOK_TEST_TEXT.read_text()}
+    if ufmt is not None:
+        files = ufmt_format(files, source, ufmt)
+    return "".join(parts + [file_diff(path, None, text) for path, text in files.items()])
+
+
 def build_patch(source: SourceTree, ufmt: str | None = None) -> str:
-    """The patch that adds the seq1f1b experiment to ``source``.
+    """Everything ``source`` needs for the seq1f1b experiment, in one patch: the core
+    hook first (:func:`build_hook_patch`), then the experiment.
 
     The registration hunks are computed from ``source``'s own files;
     ``experiments/README.md`` gets its row only where the tree has one (the
@@ -52,4 +77,4 @@ def build_patch(source: SourceTree, ufmt: str | None = None) -> str:
     if ufmt is not None:
         files = ufmt_format(files, source, ufmt)
     parts += [file_diff(path, None, text) for path, text in files.items()]
-    return "".join(parts)
+    return build_hook_patch(source, ufmt) + "".join(parts)

@@ -21,6 +21,12 @@ import pytest
 import torchtitan
 
 from tests.harness import REPO
+from torchtitan_seq1f1b.integration.titan_0_3 import pipeline
+from torchtitan_seq1f1b.upstream.schedule_hook import (
+    has_schedule_builder,
+    HOOK_TEST,
+    PIPELINE_PARALLEL,
+)
 from torchtitan_seq1f1b.upstream.tree import EXPERIMENT_DIR
 
 # Prints where ``--module seq1f1b`` finds its config.
@@ -60,6 +66,25 @@ def patched(tmp_path_factory) -> Path:
 
 def patched_env(src: Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(REPO)]))
+
+
+def test_the_core_hook_comes_first_and_its_unit_test_passes(patched):
+    patch = (patched.parent / "seq1f1b.patch").read_text()
+    assert patch.startswith(f"diff --git a/{PIPELINE_PARALLEL} b/{PIPELINE_PARALLEL}\n")
+    assert has_schedule_builder((patched / PIPELINE_PARALLEL).read_text())
+    output = run(
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(patched / HOOK_TEST),
+        cwd=patched.parent, env=patched_env(patched),
+    )
+    assert "3 passed" in output
+    # The experiment pipelines through the hook there (the installed 0.3 has none).
+    hooked = run(
+        sys.executable, "-c",
+        "import torchtitan.experiments.seq1f1b.pipeline as p; print(p._HAS_SCHEDULE_HOOK)",
+        cwd=patched.parent, env=patched_env(patched),
+    )
+    assert hooked.split()[-1] == "True"
+    assert not pipeline._HAS_SCHEDULE_HOOK
 
 
 def test_the_patch_adds_the_experiment_and_registers_it(patched):

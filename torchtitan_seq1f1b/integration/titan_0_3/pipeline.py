@@ -14,12 +14,18 @@ Seq1F1B schedule ``seq1f1b.schedule`` names, with a segment plan derived from
 ``training.seq_len``, the ``seq1f1b`` options and the model's dims. Under
 context parallelism the schedule cuts each segment over the CP mesh. With
 ``seq1f1b.schedule = "none"`` it is ``pipeline_llm`` (``pipeline_vlm``).
+Where ``pipeline_llm`` takes a ``schedule_builder`` (the torchtitan core patch
+of :mod:`torchtitan_seq1f1b.upstream`), it is a ``pipeline_llm`` call with that
+hook; otherwise it repeats ``pipeline_llm``'s split-and-parallelize loop.
 
 Loss normalisation is torchtitan 0.3's: the trainer passes
 ``loss_kwargs={"global_valid_tokens": ...}`` to ``step()`` and the loss
 divides by it, so the schedule runs with ``scale_grads=False`` and divides
 by nothing.
 """
+
+import dataclasses
+import inspect
 
 import torch
 import torch.nn as nn
@@ -59,6 +65,9 @@ from torchtitan_seq1f1b.integration.titan_0_3.vision_language import (
 from torchtitan_seq1f1b.schedules import ScheduleSeq1F1B
 
 __all__ = ["pipeline_llm_seq1f1b"]
+
+# torchtitan's schedule hook (upstream's core patch): pipeline_llm builds our schedule.
+_HAS_SCHEDULE_HOOK = "schedule_builder" in inspect.signature(pipeline_llm).parameters
 
 
 def pipeline_llm_seq1f1b(
@@ -129,31 +138,52 @@ def pipeline_llm_seq1f1b(
         options, training.seq_len, parallel_dims.tp, model_config, planner_job, parallel_dims.cp
     )
     make_segment_aware(model, options.attention_backend)
-    stages, model_parts = _pipeline_module_split(
-        model,
-        parallel_dims.get_mesh("pp"),
-        parallelism.pipeline_parallel_schedule,
-        device,
-        module_names,
-        get_mesh=_build_get_mesh_callback(parallel_dims),
-    )
-    for i, part in enumerate(model_parts):
+
+    def parallelize(part: nn.Module, **kwargs) -> nn.Module:
         if hasattr(part, "vision_encoder"):
             segment_aware_images(part)
-        model_parts[i] = stages[i].submod = parallelize_fn(part, **parallelize_kwargs)
-        send_contiguous(model_parts[i])
+        part = parallelize_fn(part, **kwargs)
+        send_contiguous(part)
+        return part
 
-    schedule = entry.schedule_class(
-        stages,
-        n_microbatches=n_microbatches,
-        segment_plan=plan,
-        loss_fn=_ScalarLoss(loss_fn, options.schedule in SPLIT_BACKWARD_SCHEDULES),
-        scale_grads=False,
-        positions_kwarg="positions",
-        document_ids_kwarg=MASKS_KWARG,
-        context_parallel=context_group(parallel_dims),
-        whole_kwargs=IMAGE_KWARGS,
-    )
+    def build_schedule(*, stages: list, loss_fn: LossFunction, **_) -> ScheduleSeq1F1B:
+        return entry.schedule_class(
+            stages,
+            n_microbatches=n_microbatches,
+            segment_plan=plan,
+            loss_fn=_ScalarLoss(loss_fn, options.schedule in SPLIT_BACKWARD_SCHEDULES),
+            scale_grads=False,
+            positions_kwarg="positions",
+            document_ids_kwarg=MASKS_KWARG,
+            context_parallel=context_group(parallel_dims),
+            whole_kwargs=IMAGE_KWARGS,
+        )
+
+    if _HAS_SCHEDULE_HOOK:
+        split = dataclasses.replace(parallelism, module_fqns_per_model_part=module_names)
+        schedule, model_parts, has_first, has_last = pipeline_llm(
+            model,
+            **{**parallelize_kwargs, "parallelism": split},
+            device=device,
+            model_config=model_config,
+            parallelize_fn=parallelize,
+            loss_fn=loss_fn,
+            schedule_builder=build_schedule,
+        )
+    else:  # pipeline_llm's split-and-parallelize loop, then our schedule
+        stages, model_parts = _pipeline_module_split(
+            model,
+            parallel_dims.get_mesh("pp"),
+            parallelism.pipeline_parallel_schedule,
+            device,
+            module_names,
+            get_mesh=_build_get_mesh_callback(parallel_dims),
+        )
+        for i, part in enumerate(model_parts):
+            model_parts[i] = stages[i].submod = parallelize(part, **parallelize_kwargs)
+        schedule = build_schedule(stages=stages, loss_fn=loss_fn)
+        has_first = any(stage.is_first for stage in stages)
+        has_last = any(stage.is_last for stage in stages)
     logger.info(
         f"Using pipeline schedule {options.schedule} on the stage layout of "
         f"{parallelism.pipeline_parallel_schedule} with {n_microbatches} microbatches "
@@ -161,8 +191,6 @@ def pipeline_llm_seq1f1b(
         f"stages on {parallel_dims.pp} ranks, attention_backend={options.attention_backend}"
         + (f", context parallel {parallel_dims.cp} per segment" if parallel_dims.cp > 1 else "")
     )
-    has_first = any(stage.is_first for stage in stages)
-    has_last = any(stage.is_last for stage in stages)
     return schedule, model_parts, has_first, has_last
 
 
