@@ -1,10 +1,11 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The patched tree passes torchtitan's pre-commit formatters and flake8 (opt-in).
+"""The patched tree passes torchtitan's pre-commit formatters and flake8 (opt-in): the
+core hook's two files and the experiment.
 
 Needs the linters torchtitan's ``.pre-commit-config.yaml`` pins, in a venv of
-their own, and a torchtitan 0.3 tree holding ``.flake8`` (a git checkout):
+their own, and a torchtitan tree holding ``.flake8`` (a git checkout, 0.3 or main):
 
     python -m venv /tmp/lintvenv && /tmp/lintvenv/bin/pip install ufmt==2.3.0 \\
         black==22.12.0 usort==1.0.5 flake8==6.1.0 flake8-bugbear==22.4.25 \\
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import REPO
+from torchtitan_seq1f1b.upstream.schedule_hook import HOOK_TEST, PIPELINE_PARALLEL
 from torchtitan_seq1f1b.upstream.tree import EXPERIMENT_DIR
 
 VENV = os.environ.get("SEQ1F1B_LINT_VENV")
@@ -33,6 +35,8 @@ pytestmark = pytest.mark.skipif(
 )
 # What the linters read from the tree's root.
 CONFIG_FILES = (".flake8", "pyproject.toml")
+# What the patch adds or changes: the core hook and the experiment.
+LINTED = (PIPELINE_PARALLEL, HOOK_TEST, EXPERIMENT_DIR)
 
 
 def run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -64,11 +68,11 @@ def patched(tmp_path_factory) -> Path:
 
 
 def test_ufmt_finds_nothing_to_format(patched):
-    checked = run(str(Path(VENV) / "bin" / "ufmt"), "check", EXPERIMENT_DIR, cwd=patched)
+    checked = run(str(Path(VENV) / "bin" / "ufmt"), "check", *LINTED, cwd=patched)
     assert checked.returncode == 0, checked.stdout
 
 
 def test_flake8_finds_nothing(patched):
     flake8 = str(Path(VENV) / "bin" / "flake8")
-    checked = run(flake8, "--config=.flake8", EXPERIMENT_DIR, cwd=patched)
+    checked = run(flake8, "--config=.flake8", *LINTED, cwd=patched)
     assert checked.returncode == 0, checked.stdout

@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         "and its unit test (the full patch starts with it where the tree lacks it)",
     )
     args = parser.parse_args(argv)
-    build = build_hook_patch if args.hook_only else build_patch
     try:
-        patch = build(SourceTree(args.torchtitan_src), ufmt=args.ufmt)
+        source = SourceTree(args.torchtitan_src)
+        patch = build_hook_patch(source) if args.hook_only else build_patch(source, args.ufmt)
     except UpstreamError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

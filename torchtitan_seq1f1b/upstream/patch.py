@@ -41,19 +41,17 @@ def file_diff(path: str, old: str | None, new: str) -> str:
     )
 
 
-def build_hook_patch(source: SourceTree, ufmt: str | None = None) -> str:
+def build_hook_patch(source: SourceTree) -> str:
     """The core patch: ``pipeline_llm``'s schedule hook and its unit test
-    (:mod:`.schedule_hook`); empty where ``source`` has the hook already."""
+    (:mod:`.schedule_hook`, the test written as torchtitan's ufmt formats it); empty
+    where ``source`` has the hook already."""
     edits = hook_edits(source)
     if not edits:
         return ""
     old = edits[PIPELINE_PARALLEL]
     new = add_schedule_builder(old, str(source.root / PIPELINE_PARALLEL))
     parts = [file_diff(PIPELINE_PARALLEL, old, new)]
-    files = {HOOK_TEST: HOOK_TEST_TEXT.read_text()}
-    if ufmt is not None:
-        files = ufmt_format(files, source, ufmt)
-    return "".join(parts + [file_diff(path, None, text) for path, text in files.items()])
+    return "".join(parts + [file_diff(HOOK_TEST, None, HOOK_TEST_TEXT.read_text())])
 
 
 def build_patch(source: SourceTree, ufmt: str | None = None) -> str:
@@ -77,4 +75,4 @@ def build_patch(source: SourceTree, ufmt: str | None = None) -> str:
     if ufmt is not None:
         files = ufmt_format(files, source, ufmt)
     parts += [file_diff(path, None, text) for path, text in files.items()]
-    return build_hook_patch(source, ufmt) + "".join(parts)
+    return build_hook_patch(source) + "".join(parts)

@@ -42,7 +42,9 @@ def _pipeline_llm(**hook):
             nn.Module(),
             parallel_dims=mock.Mock(),
             training=mock.Mock(local_batch_size=4),
-            parallelism=mock.Mock(module_fqns_per_model_part=None, num_pp_microbatches=4),
+            parallelism=mock.Mock(
+                module_fqns_per_model_part=None, num_pp_microbatches=4
+            ),
             compile_config=mock.Mock(),
             ac_config=mock.Mock(),
             dump_folder="",
@@ -57,9 +59,8 @@ def _pipeline_llm(**hook):
 
 class TestScheduleBuilder(unittest.TestCase):
     def test_unset_builds_torch_schedule(self):
-        (schedule, parts, has_first, has_last), stages, parallelized, default = (
-            _pipeline_llm()
-        )
+        result, stages, parallelized, default = _pipeline_llm()
+        schedule, parts, has_first, has_last = result
         default.assert_called_once()
         self.assertIs(schedule, default.return_value)
         self.assertEqual(default.call_args.kwargs["stages"], stages)
@@ -79,7 +80,9 @@ class TestScheduleBuilder(unittest.TestCase):
         # The parts the builder's stages run are the parallelized ones.
         self.assertEqual([stage.submod for stage in stages], parallelized)
         _, _, _, unhooked = _pipeline_llm()
-        self.assertEqual(builder.call_args.kwargs.keys(), unhooked.call_args.kwargs.keys())
+        self.assertEqual(
+            builder.call_args.kwargs.keys(), unhooked.call_args.kwargs.keys()
+        )
         self.assertEqual(builder.call_args.args, unhooked.call_args.args)
 
     def test_pipeline_vlm_passes_it_through(self):
