@@ -2,7 +2,7 @@
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
 """The synthetic image-text corpus: batches as torchtitan 0.3's multimodal dataloader
-yields them for qwen3_5, and one forward of qwen35_debugmodel on one, on CPU."""
+yields them for qwen3_5 (the models train on it in test_qwen3_5.py and test_models.py)."""
 
 import dataclasses
 
@@ -87,58 +87,3 @@ def test_chunk_ends_name_their_images_colour():
             assert colour < SPEC.colours
             assert ((image - palette[colour]).abs() <= SPEC.texture / 2).all()
             assert len(image.flatten(0, 2).unique(dim=0)) == image[0].flatten(0, 1).shape[0]
-
-
-def test_qwen35_debugmodel_forward_on_cpu(batch):
-    """The batch goes through qwen35_debugmodel's vision encoder and decoder in float32.
-
-    fla's Triton kernels need a GPU, so the GatedDeltaNets are this package's
-    plain-torch ones; they take no masks (documents: one per row).
-    """
-    pytest.importorskip("fla")
-    from torchtitan.distributed.utils import get_spmd_backend, set_spmd_backend
-    from torchtitan.models.qwen3_5 import model_registry
-
-    from torchtitan_seq1f1b.integration.titan_0_3.gated_delta_net import convert_gated_delta_nets
-
-    inputs, _ = batch
-    config = model_registry("debugmodel").model
-    # The shipped vocabulary's size: the full one's embedding would dominate the test.
-    config = dataclasses.replace(
-        config,
-        vocab_size=SPEC.vocab,
-        tok_embeddings=dataclasses.replace(config.tok_embeddings, num_embeddings=SPEC.vocab),
-        lm_head=dataclasses.replace(config.lm_head, out_features=SPEC.vocab),
-    )
-    assert config.vision_encoder.patch_size == SPEC.vision.patch_size
-    assert config.vision_encoder.spatial_merge_size == SPEC.vision.spatial_merge_size
-    torch.manual_seed(0)
-    model = config.build()
-    model.init_states()
-    convert_gated_delta_nets(model)
-    masks = model.get_attention_masks(positions=inputs["positions"])
-    backend = get_spmd_backend()
-    set_spmd_backend("partial_dtensor")  # spmd_types annotations need a device mesh
-    try:
-        with torch.no_grad():
-            embeds, merged = model._get_vision_embeds(
-                inputs["pixel_values"], grid_thw=inputs["grid_thw"]
-            )
-            logits = model(
-                inputs["input"],
-                pixel_values=inputs["pixel_values"],
-                grid_thw=inputs["grid_thw"],
-                positions=inputs["positions"],
-                mrope_positions=inputs["mrope_positions"],
-                attention_masks={"quadratic_attention": masks["quadratic_attention"],
-                                 "deltanet": None},
-                special_tokens=inputs["special_tokens"],
-            )
-    finally:
-        set_spmd_backend(backend)
-    image_id = inputs["special_tokens"]["image_id"]
-    runs = get_vision_positions(inputs["input"], merged, image_id)
-    assert merged.tolist() == [n for *_, n in runs]
-    assert embeds.shape[:2] == (len(merged), int(merged.max()))
-    assert logits.shape == (*inputs["input"].shape, SPEC.vocab)
-    assert torch.isfinite(logits).all()
