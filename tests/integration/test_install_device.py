@@ -115,3 +115,19 @@ def test_without_an_accelerator_the_cpu_shim_applies():
         assert attrs.get("device_type", "cpu") == "cpu", name
         assert attrs.get("device_module", "CPUDeviceModule") == "CPUDeviceModule", name
     assert any(attrs for attrs in state["after"]["modules"].values())
+
+
+def test_torchtitan_main_is_told_apart_and_refused(monkeypatch):
+    """main still calls itself 0.2.2: its Grain data package tells it apart, and install()
+    names it instead of failing deep in an adapter's imports."""
+    from torchtitan_seq1f1b import integration
+
+    assert integration.titan_release() in integration.ADAPTERS
+    real = integration.find_spec
+    monkeypatch.setattr(
+        integration, "find_spec",
+        lambda name: object() if name == integration.MAIN_ONLY_MODULE else real(name),
+    )
+    assert integration.titan_release() == integration.MAIN
+    with pytest.raises(RuntimeError, match="no adapter for torchtitan main yet"):
+        integration.install()

@@ -25,6 +25,7 @@ torchtitan process; nothing here imports torchtitan before that.
 
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 
 import torch
 
@@ -78,6 +79,9 @@ def __getattr__(name: str):
     return getattr(import_module(TOOLKIT[name]), name)
 
 
+# torchtitan main: after 0.3.0, still versioned 0.2.2; this package appeared there.
+MAIN = "main"
+MAIN_ONLY_MODULE = "torchtitan.components.data"
 ADAPTERS = {
     "0.2": "torchtitan_seq1f1b.integration.titan_0_2",
     "0.3": "torchtitan_seq1f1b.integration.titan_0_3",
@@ -88,16 +92,25 @@ ADAPTER_MIN_TORCH = {"0.2": (2, 13), "0.3": (2, 14)}
 
 
 def titan_release() -> str | None:
-    """The installed torchtitan's "major.minor", None without torchtitan."""
+    """The installed torchtitan's "major.minor", :data:`MAIN` for a tree past 0.3 (main
+    still calls itself 0.2.2; its Grain data package tells it apart), None without
+    torchtitan."""
     try:
-        return ".".join(version("torchtitan").split(".")[:2])
+        release = ".".join(version("torchtitan").split(".")[:2])
     except PackageNotFoundError:
         return None
+    return MAIN if find_spec(MAIN_ONLY_MODULE) is not None else release
 
 
 def install() -> None:
     """Hook Seq1F1B into the running torchtitan through the adapter for its release."""
     release = titan_release()
+    if release == MAIN:
+        raise RuntimeError(
+            "torchtitan_seq1f1b has no adapter for torchtitan main yet (a tree past 0.3.0: "
+            "tokens folded to [T], Grain data; docs/upstream.md, 'torchtitan main'); install "
+            "a supported release (pip install 'torchtitan==0.3.0')"
+        )
     if release not in ADAPTERS:
         raise RuntimeError(
             f"torchtitan_seq1f1b has adapters for torchtitan {sorted(ADAPTERS)} but "
