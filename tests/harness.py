@@ -221,13 +221,20 @@ def pipelined_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]
     return [pipelined(rank, world_size, case) for case in cases]
 
 
-def cases_and_control(worker, cases: list, control) -> dict:
-    """``worker(rank, 2, runs)`` over every (case, False) then (control, True) in one
-    2-rank launch: {case: per-rank results, "control": per-rank results}."""
-    runs = [(case, False) for case in cases] + [(control, True)]
-    per_rank = run_ranks(worker, 2, runs, timeout=300)
+def cases_and_control(run_one, cases: list, control, broken) -> dict:
+    """``run_one(rank, 2, case)`` for every case, then for ``control`` inside ``broken()``
+    (a context manager that breaks what the control must catch), in one 2-rank launch:
+    {case: per-rank results, "control": per-rank results}."""
+    per_rank = run_ranks(_cases_then_control, 2, run_one, cases, control, broken, timeout=300)
     results = {case: [rank[i] for rank in per_rank] for i, case in enumerate(cases)}
     results["control"] = [rank[-1] for rank in per_rank]
+    return results
+
+
+def _cases_then_control(rank: int, world_size: int, run_one, cases, control, broken) -> list:
+    results = [run_one(rank, world_size, case) for case in cases]
+    with broken():
+        results.append(run_one(rank, world_size, control))
     return results
 
 

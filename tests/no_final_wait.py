@@ -12,10 +12,11 @@ skipped; every other ``time.sleep`` sleeps. It imports only the standard
 library, so the job imports torchtitan and this package as it would without it.
 """
 
-import runpy
 import sys
 import time
 from pathlib import Path
+
+from tests.launch import run_next_module
 
 FINAL_WAIT_SECONDS = 2
 _sleep = time.sleep
@@ -30,6 +31,4 @@ def _sleep_but_not_the_final_wait(seconds: float) -> None:
 
 if __name__ == "__main__":
     time.sleep = _sleep_but_not_the_final_wait
-    module = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_next_module()

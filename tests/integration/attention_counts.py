@@ -15,11 +15,11 @@ L attention layers. R layers rerunning their attention in backward add
 """
 
 import os
-import runpy
-import sys
 from pathlib import Path
 
 from torchtitan_seq1f1b.check.counters import AttentionForwardCounter
+
+from tests.launch import run_next_module
 
 COUNTS_ENV = "SEQ1F1B_ATTENTION_COUNTS"
 
@@ -35,10 +35,8 @@ def counted_run(run, folder: Path, nproc: int, *args, **options) -> tuple[object
 
 if __name__ == "__main__":
     counter = AttentionForwardCounter()
-    module = sys.argv[1]
-    sys.argv = sys.argv[1:]
     try:
         with counter:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            run_next_module()
     finally:
         Path(os.environ[COUNTS_ENV], os.environ["RANK"]).write_text(str(counter.count))

@@ -18,7 +18,6 @@ Negative control: every segment's GatedDeltaNet starting from a zero state and a
 zero conv tail, as a layer that kept nothing across cuts would, must fail.
 """
 
-import contextlib
 from unittest import mock
 
 import pytest
@@ -77,21 +76,15 @@ def _forgetful_incoming(self, segment):
     return None
 
 
-def _runs(rank: int, world_size: int, runs: list[tuple[Case, bool]]) -> list[dict]:
-    """:func:`pipelined` for each (case, reset): with ``reset`` every segment starts
-    from a zero conv tail and state."""
-    results = []
-    for case, reset in runs:
-        forget = mock.patch.object(Carry, "incoming", _forgetful_incoming)
-        with forget if reset else contextlib.nullcontext():
-            results.append(pipelined(rank, world_size, case))
-    return results
+def _forgetful():
+    """Every segment starts from a zero conv tail and state."""
+    return mock.patch.object(Carry, "incoming", _forgetful_incoming)
 
 
 @pytest.fixture(scope="module")
 def pipeline_runs():
     """Every case, then the negative control, in one launch: {case or "control": ranks}."""
-    yield cases_and_control(_runs, CASES, CONTROL)
+    yield cases_and_control(pipelined, CASES, CONTROL, _forgetful)
     for name, err in WORST.items():
         print(f"\n{name}: worst relative error {err:.2e}")
 

@@ -106,13 +106,18 @@ def _case_id(case: VisionCase) -> str:
     return f"{case.schedule}-k{len(case.lengths)}-ac_{case.activation_checkpoint}{gdn}{thread}"
 
 
-def _last_segment_only(bank_grad):
-    def bank(self, segment, index, grad):
-        if self.grad is not None:  # a later segment banked already
-            grad = torch.zeros_like(grad)
-        bank_grad(self, segment, index, grad)
+def _bank_last_segment_only(self, segment, index, grad):
+    if self.grad is not None:  # a later segment banked already
+        grad = torch.zeros_like(grad)
+    _BANK_GRAD(self, segment, index, grad)
 
-    return bank
+
+_BANK_GRAD = ImageFeatures.bank_grad
+
+
+def _last_segment_only():
+    """The features' gradient taken from the last segment's backward only."""
+    return mock.patch.object(ImageFeatures, "bank_grad", _bank_last_segment_only)
 
 
 def _pipelined(rank: int, world_size: int, case: VisionCase) -> dict:
@@ -151,23 +156,10 @@ def _pipelined(rank: int, world_size: int, case: VisionCase) -> dict:
     return result
 
 
-def _runs(rank: int, world_size: int, runs: list[tuple[VisionCase, bool]]) -> list[dict]:
-    results = []
-    for case, control in runs:
-        if control:
-            with mock.patch.object(
-                ImageFeatures, "bank_grad", _last_segment_only(ImageFeatures.bank_grad)
-            ):
-                results.append(_pipelined(rank, world_size, case))
-        else:
-            results.append(_pipelined(rank, world_size, case))
-    return results
-
-
 @pytest.fixture(scope="module")
 def pipeline_runs():
     """Every case, then the negative control, in one launch: {case or "control": ranks}."""
-    yield cases_and_control(_runs, CASES, CONTROL)
+    yield cases_and_control(_pipelined, CASES, CONTROL, _last_segment_only)
     for name, err in WORST.items():
         print(f"\n{name}: worst relative error {err:.2e}")
 

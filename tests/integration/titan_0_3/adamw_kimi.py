@@ -15,12 +15,12 @@ as ``__main__`` (under torchrun, the next launcher or torchtitan.train).
 
 import dataclasses
 import functools
-import runpy
-import sys
 
 from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import import_registry
+
+from tests.launch import run_next_module
 
 CONFIG = "kimi_k2_5_debugmodel"
 
@@ -42,6 +42,4 @@ def with_adamw() -> None:
 
 if __name__ == "__main__":
     with_adamw()
-    module = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_next_module()

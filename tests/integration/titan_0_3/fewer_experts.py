@@ -17,8 +17,8 @@ the cut config.
 
 import dataclasses
 import functools
-import runpy
-import sys
+
+from tests.launch import run_next_module
 
 NUM_EXPERTS = 16
 
@@ -55,6 +55,4 @@ def _cut_qwen3_moe_debug() -> None:
 
 if __name__ == "__main__":
     _cut_qwen3_moe_debug()
-    module = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_next_module()

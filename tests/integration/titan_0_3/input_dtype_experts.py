@@ -15,8 +15,6 @@ runs MODULE as ``__main__`` (under torchrun, the next launcher or
 torchtitan.train) with the replacement in place.
 """
 
-import runpy
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +22,8 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts, swiglu
+
+from tests.launch import run_next_module
 
 
 def _local(weight: torch.Tensor) -> torch.Tensor:
@@ -62,6 +62,4 @@ def gpt_oss_experts_in_input_dtype(
 if __name__ == "__main__":
     GroupedExperts.forward = experts_in_input_dtype
     GptOssGroupedExperts.forward = gpt_oss_experts_in_input_dtype
-    module = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_next_module()

@@ -8,13 +8,10 @@ within their own segment, as if the trainer computed no whole-sequence ``image_i
 MODULE as ``__main__`` (under torchrun, the next launcher or torchtitan.train).
 """
 
-import runpy
-import sys
+from tests.launch import run_next_module
 
 if __name__ == "__main__":
     from torchtitan_seq1f1b.integration.titan_0_3 import trainer
 
     trainer.image_index_kwargs = lambda tokens, kwargs: kwargs
-    module = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_next_module()

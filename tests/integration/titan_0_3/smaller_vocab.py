@@ -15,9 +15,9 @@ with ``qwen35_debugmodel`` and ``qwen35_debugmodel_moe`` of
 
 import dataclasses
 import functools
-import runpy
-import sys
 from collections.abc import Callable
+
+from tests.launch import run_next_module
 
 VOCAB = 2048
 CONFIGS = ("qwen35_debugmodel", "qwen35_debugmodel_moe")
@@ -55,6 +55,4 @@ def with_vocab(job, vocab: int = VOCAB) -> None:
 
 if __name__ == "__main__":
     change_qwen3_5_configs(with_vocab)
-    module = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_next_module()
