@@ -31,7 +31,15 @@ from torchtitan_seq1f1b.check.exactness import reference, SCHEDULES
 from torchtitan_seq1f1b.local_ranks import RankFailure, run_ranks
 from torchtitan_seq1f1b.check import titan_runs
 from torchtitan_seq1f1b.check.job_server import JobServer
-from torchtitan_seq1f1b.check.titan_runs import DEBUG_CONFIG, REPO, Run, RunFailed, TEST_ARGS
+from torchtitan_seq1f1b.check.titan_runs import (
+    DEBUG_CONFIG,
+    REPO,
+    Run,
+    RunFailed,
+    TEST_ARGS,
+    unpipelined_args,
+)
+from torchtitan_seq1f1b.integration import MAIN, titan_release
 from torchtitan_seq1f1b.kv_store import KVStore
 from torchtitan_seq1f1b import schedules as schedule_module
 from torchtitan_seq1f1b.segmenting import SegmentPlan
@@ -49,6 +57,9 @@ __all__ = [
     "HEADS",
     "PLANS",
     "REPO",
+    "JOB_ROWS",
+    "JOB_TOKENS",
+    "JOB_TOKENS_OPTION",
     "RESUME_STEPS",
     "RankFailure",
     "Run",
@@ -56,7 +67,9 @@ __all__ = [
     "SCHEDULES",
     "SegmentedRun",
     "TEST_ARGS",
+    "unpipelined_args",
     "TORCHTITAN_RTOL",
+    "VALIDATION_DATA_ARGS",
     "WORST",
     "assert_close",
     "assert_same_training",
@@ -493,6 +506,18 @@ def worst_relative_grad_error(ranks: list[dict], ref: dict) -> float:
 # torchtitan runs in float32 from one seed checkpoint: Seq1F1B against the
 # non-pipelined run, per-step losses and the step-1 grad_norm.
 TORCHTITAN_RTOL = 1e-4
+# The tokens a test job's schedule cuts, the option naming them, and its rows per
+# microbatch: 2 rows of 128 on torchtitan 0.3, a packed row of 256 on main.
+JOB_TOKENS, JOB_TOKENS_OPTION, JOB_ROWS = (
+    (256, "training.num_tokens_per_microbatch_per_dp_rank", 1)
+    if titan_release() == MAIN
+    else (128, "training.seq_len", 2)
+)
+# A test job's validation data: 0.3's packed documents (main's dataset is no flag).
+VALIDATION_DATA_ARGS = (
+    () if titan_release() == MAIN
+    else ("--validator.dataloader.dataset_path", "doc_tokens=41,words=64")
+)
 # The resume tests' runs: resumed from step 2's checkpoint, the second of the two
 # steps after it runs on state the first updated after the resume.
 RESUME_STEPS = ("--training.steps", "4")
@@ -527,9 +552,9 @@ def compiled_parallel_matches(run, degree_args: tuple[str, ...]) -> None:
     dynamo and AOTAutograd as with Inductor, whose code generation the runs of
     :func:`compiled_run_matches` cover, at a fraction of the compile time."""
     compile_args = (*COMPILE_ARGS, "--compile.backend", "aot_eager")
+    dp = 2 if "--parallelism.data_parallel_shard_degree" in degree_args else 1
     reference = run(
-        2, "--parallelism.pipeline_parallel_degree", "1", *degree_args, *compile_args,
-        name="compiled_reference",
+        2, *unpipelined_args(dp), *degree_args, *compile_args, name="compiled_reference"
     )
     compiled = run(4, *degree_args, *compile_args, name="compiled_pp")
     assert_same_training(compiled, reference)

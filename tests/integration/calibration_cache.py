@@ -37,6 +37,8 @@ from torchtitan_seq1f1b.planner.choose import PARTITIONS, Recommendation
 from torchtitan_seq1f1b.planner.time_model import RuntimeOverhead, TimeModel, UnitTime
 from torchtitan_seq1f1b.segmenting import TransformerCost
 
+from tests.harness import JOB_ROWS, JOB_TOKENS
+
 __all__ = [
     "TIME_MODEL",
     "TORCHRUN_THREADS",
@@ -87,15 +89,15 @@ def _threads(count: int) -> Iterator[None]:
 
 
 def planner_job_target(cost: TransformerCost, budget_bytes: int | None = None) -> CalibrationTarget:
-    """What the tests' planner jobs calibrate: ``cost`` at seq_len 128 in float32 on CPU (no
-    FSDP), 2-sequence microbatches, backend "auto", chained as deep as one of 2 ranks
-    and ``budget_bytes`` allow."""
+    """What the tests' planner jobs calibrate: ``cost`` at the test job's tokens in float32
+    on CPU (no FSDP), its microbatch rows, backend "auto", chained as deep as one of 2
+    ranks and ``budget_bytes`` allow."""
     target = CalibrationTarget(
         shape=cost,
-        seq_len=128,
+        seq_len=JOB_TOKENS,
         device="cpu",
         dtype=torch.float32,
-        microbatch_size=2,
+        microbatch_size=JOB_ROWS,
         chained_blocks=rank_chain_length(cost.n_layers, 2),
     )
     return chain_within(target, budget_bytes)

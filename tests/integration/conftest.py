@@ -12,11 +12,13 @@ from the same weights too).
 
 import pytest
 
-from tests.harness import COMPILE_ARGS, TEST_ARGS, torchrun
+from tests.harness import COMPILE_ARGS, TEST_ARGS, torchrun, unpipelined_args
 from torchtitan_seq1f1b.check.titan_runs import titan_release
+from torchtitan_seq1f1b.integration import MAIN
 
-RELEASE_DIRS = {"0.2": "titan_0_2", "0.3": "titan_0_3"}
-collect_ignore = [d for release, d in RELEASE_DIRS.items() if release != titan_release()]
+# The 0.3 adapter also runs torchtitan main.
+RELEASE_DIRS = {"0.2": "titan_0_2", "0.3": "titan_0_3", MAIN: "titan_0_3"}
+collect_ignore = [d for d in RELEASE_DIRS.values() if d != RELEASE_DIRS.get(titan_release())]
 
 
 @pytest.fixture(scope="session")
@@ -56,5 +58,5 @@ def run(seed_checkpoint, tmp_path_factory):
 def compiled_unpipelined(run):
     """The non-pipelined run with compiled blocks and loss (test_compile.py)."""
     return run(
-        1, "--parallelism.pipeline_parallel_degree", "1", *COMPILE_ARGS, name="compiled_unpipelined"
+        1, *unpipelined_args(), *COMPILE_ARGS, name="compiled_unpipelined"
     )

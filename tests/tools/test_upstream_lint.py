@@ -1,19 +1,22 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The patched tree passes torchtitan's pre-commit formatters and flake8 (opt-in): the
-core hook's two files and the experiment.
+"""The patched tree passes torchtitan's pre-commit formatters, flake8, codespell and
+pydoclint (opt-in): the core hook's two files and the experiment.
 
 Needs the linters torchtitan's ``.pre-commit-config.yaml`` pins, in a venv of
 their own, and a torchtitan tree holding ``.flake8`` (a git checkout, 0.3 or main):
 
     python -m venv /tmp/lintvenv && /tmp/lintvenv/bin/pip install ufmt==2.3.0 \\
         black==22.12.0 usort==1.0.5 flake8==6.1.0 flake8-bugbear==22.4.25 \\
-        pep8-naming==0.12.1 torchfix flake8-pep585 flake8-new-union-types==0.4.1
+        pep8-naming==0.12.1 torchfix flake8-pep585 flake8-new-union-types==0.4.1 \\
+        codespell==2.4.1 pydoclint==0.3.8
     SEQ1F1B_LINT_VENV=/tmp/lintvenv SEQ1F1B_LINT_TREE=~/torchtitan \\
         python -m pytest tests/tools/test_upstream_lint.py
 
-Skipped unless both variables are set.
+Skipped unless both variables are set. pydoclint 0.3.8 is the release of the commit
+torchtitan's pre-commit pins; with ``--config=pyproject.toml``, which has no
+``[tool.pydoclint]`` section, it checks numpy-style docstrings.
 """
 
 import os
@@ -75,4 +78,16 @@ def test_ufmt_finds_nothing_to_format(patched):
 def test_flake8_finds_nothing(patched):
     flake8 = str(Path(VENV) / "bin" / "flake8")
     checked = run(flake8, "--config=.flake8", *LINTED, cwd=patched)
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_codespell_finds_nothing(patched):
+    codespell = str(Path(VENV) / "bin" / "codespell")
+    checked = run(codespell, "--toml", "pyproject.toml", *LINTED, cwd=patched)
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_pydoclint_finds_nothing(patched):
+    pydoclint = str(Path(VENV) / "bin" / "pydoclint")
+    checked = run(pydoclint, "--config=pyproject.toml", *LINTED, cwd=patched)
     assert checked.returncode == 0, checked.stdout

@@ -21,7 +21,7 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from torchtitan_seq1f1b.check.job_server import JobServer
-from torchtitan_seq1f1b.integration import titan_release
+from torchtitan_seq1f1b.integration import MAIN, titan_release
 
 __all__ = [
     "DEBUG_CONFIG",
@@ -32,8 +32,10 @@ __all__ = [
     "TEST_ARGS",
     "TEST_ARGS_0_2",
     "TEST_ARGS_0_3",
+    "TEST_ARGS_MAIN",
     "job_args",
     "torchrun",
+    "unpipelined_args",
 ]
 
 REPO = Path(__file__).resolve().parents[2]  # the source checkout
@@ -70,13 +72,33 @@ TEST_ARGS_0_3 = (
     "--lr_scheduler.warmup_steps", "2",
     "--metrics.log_freq", "1",
 )
-TEST_ARGS = TEST_ARGS_0_3 if titan_release() == "0.3" else TEST_ARGS_0_2
+# torchtitan main: its packed rows of two 128-token documents (its dataset is no flag).
+TEST_ARGS_MAIN = (
+    "--training.steps", "3",
+    "--lr_scheduler.warmup_steps", "2",
+    "--metrics.log_freq", "1",
+)
+TEST_ARGS = {"0.3": TEST_ARGS_0_3, MAIN: TEST_ARGS_MAIN}.get(titan_release(), TEST_ARGS_0_2)
+# The debug job's tokens per DP rank and step on main: 2 microbatches of 256.
+MAIN_STEP_TOKENS = 2 * 256
+
+
+def unpipelined_args(dp: int = 1) -> tuple[str, ...]:
+    """The flags that make the debug job (at ``dp`` data-parallel ranks) its non-pipelined
+    reference: PP 1 and, on main, where a step without PP is one microbatch, the pipelined
+    step's tokens by gradient accumulation."""
+    if titan_release() != MAIN:
+        return ("--parallelism.pipeline_parallel_degree", "1")
+    return (
+        "--parallelism.pipeline_parallel_degree", "1",
+        "--training.num_tokens_per_train_step", str(MAIN_STEP_TOKENS * dp),
+    )
 
 
 def job_args(dump_folder: Path, config: Path | str | None = None) -> tuple[str, ...]:
     """The arguments that select a job config and its dump folder on the installed
     torchtitan: a TOML path (0.2.2) or "<module>:<config function>" (0.3)."""
-    if titan_release() == "0.3":
+    if titan_release() in ("0.3", MAIN):
         module, function = str(config or DEBUG_CONFIG_0_3).split(":")
         return ("--module", module, "--config", function, "--dump_folder", str(dump_folder))
     return ("--job.config_file", str(config or DEBUG_CONFIG), "--job.dump_folder", str(dump_folder))

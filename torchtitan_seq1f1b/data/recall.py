@@ -133,12 +133,17 @@ class _Documents:
         return {"text": [recall_document(self.spec, self.split, i) for i in batch["index"]]}
 
 
-def load_recall(path: str | None, split: str = "train") -> Dataset:
-    """torchtitan DatasetConfig loader: a map-style Dataset of {"text": str} rows."""
+def split_size(spec: RecallSpec, split: str) -> int:
+    """Documents in ``split`` ("train" or "validation") of the corpus ``spec`` selects."""
     if split not in _SPLIT_DOCS:
         raise ValueError(f"split must be one of {sorted(_SPLIT_DOCS)}, got {split!r}")
+    return spec.docs if spec.docs is not None else _SPLIT_DOCS[split]
+
+
+def load_recall(path: str | None, split: str = "train") -> Dataset:
+    """torchtitan DatasetConfig loader: a map-style Dataset of {"text": str} rows."""
     spec = RecallSpec.parse(path)
-    docs = spec.docs if spec.docs is not None else _SPLIT_DOCS[split]
+    docs = split_size(spec, split)
     return Dataset.from_dict({"index": range(docs)}).with_transform(_Documents(spec, split))
 
 

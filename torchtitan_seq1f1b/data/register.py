@@ -15,9 +15,6 @@ import os
 from functools import partial
 from pathlib import Path
 
-from torchtitan.hf_datasets import DatasetConfig
-from torchtitan.hf_datasets.text_datasets import DATASETS
-
 from torchtitan_seq1f1b.data.make_tokenizer import TOKENIZER_DIR
 from torchtitan_seq1f1b.data.recall import RecallSpec, load_recall, sample_text
 
@@ -35,7 +32,12 @@ def register_datasets() -> None:
     torchtitan looks names up in that module-level dict when it builds the
     dataloader, so this must run first in every rank's process. The default
     path is the default :class:`RecallSpec`; ``dataset_path`` overrides it.
+    torchtitan 0.2 and 0.3 only: main's datasets are config objects
+    (:mod:`.grain_source`).
     """
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
     for name, split in DATASET_NAMES.items():
         DATASETS[name] = DatasetConfig(
             path=RecallSpec().to_path(),

@@ -42,6 +42,8 @@ TOOLKIT = {
     "RecallSpec": "torchtitan_seq1f1b.data",
     "TOKENIZER_DIR": "torchtitan_seq1f1b.data",
     "register_datasets": "torchtitan_seq1f1b.data",
+    "RecallSource": "torchtitan_seq1f1b.data.grain_source",
+    "recall_dataset": "torchtitan_seq1f1b.data.grain_source",
     "shared_problems": "torchtitan_seq1f1b.integration.config_problems",
     "context_group": "torchtitan_seq1f1b.integration.context_parallel",
     "context_parallel_problems": "torchtitan_seq1f1b.integration.context_parallel",
@@ -82,13 +84,15 @@ def __getattr__(name: str):
 # torchtitan main: after 0.3.0, still versioned 0.2.2; this package appeared there.
 MAIN = "main"
 MAIN_ONLY_MODULE = "torchtitan.components.data"
+# The 0.3 adapter also runs main, reading main's changes by what the tree has.
 ADAPTERS = {
     "0.2": "torchtitan_seq1f1b.integration.titan_0_2",
     "0.3": "torchtitan_seq1f1b.integration.titan_0_3",
+    MAIN: "torchtitan_seq1f1b.integration.titan_0_3",
 }
 # The oldest torch each adapter was tested on: the schedules run on torch 2.11 and 2.12,
 # but torchtitan 0.2.2's packed-document, compile and validation jobs fail there.
-ADAPTER_MIN_TORCH = {"0.2": (2, 13), "0.3": (2, 14)}
+ADAPTER_MIN_TORCH = {"0.2": (2, 13), "0.3": (2, 14), MAIN: (2, 15)}
 
 
 def titan_release() -> str | None:
@@ -105,12 +109,6 @@ def titan_release() -> str | None:
 def install() -> None:
     """Hook Seq1F1B into the running torchtitan through the adapter for its release."""
     release = titan_release()
-    if release == MAIN:
-        raise RuntimeError(
-            "torchtitan_seq1f1b has no adapter for torchtitan main yet (a tree past 0.3.0: "
-            "tokens folded to [T], Grain data; docs/upstream.md, 'torchtitan main'); install "
-            "a supported release (pip install 'torchtitan==0.3.0')"
-        )
     if release not in ADAPTERS:
         raise RuntimeError(
             f"torchtitan_seq1f1b has adapters for torchtitan {sorted(ADAPTERS)} but "

@@ -183,8 +183,10 @@ def plan_segments(
     job: PlannerJob | None = None,
     log: Callable[[str], None] = print,
     cp: int = 1,
+    length_option: str = "training.seq_len",
 ) -> SegmentPlan:
-    """The plan ``options`` ask for at ``seq_len`` tokens per sequence.
+    """The plan ``options`` ask for at ``seq_len`` tokens per sequence (the option
+    ``length_option``, which errors name).
 
     Segment lengths are multiples of :meth:`Seq1F1BOptions.segment_align` (the
     kernel tile on CUDA unless ``align`` is set) and of :func:`sequence_shards`
@@ -203,7 +205,7 @@ def plan_segments(
     where = (
         f"seq1f1b.num_segments={options.num_segments!r}, seq1f1b.partition="
         f"{options.partition!r}, seq1f1b.align={chosen} (x tp={tp}{context}), "
-        f"training.seq_len={seq_len}"
+        f"{length_option}={seq_len}"
     )
     try:
         if options.segment_lengths:

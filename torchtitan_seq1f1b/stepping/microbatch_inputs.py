@@ -155,7 +155,10 @@ def _document_ids_error(
     batch = ids.shape[0] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else -1
     error = check_document_ids(ids, batch, splitter.plan.seq_len)
     if error is None:
-        rows = [t.shape[0] for t in tensors if isinstance(t, torch.Tensor)]
+        # With seq_dim 0 a microbatch is one unbatched (packed) row.
+        rows = [
+            t.shape[0] if splitter.seq_dim else 1 for t in tensors if isinstance(t, torch.Tensor)
+        ]
         if any(r != batch for r in rows):
             error = (
                 f"document ids have {batch} rows but the inputs/targets have "

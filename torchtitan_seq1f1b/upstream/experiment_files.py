@@ -61,15 +61,15 @@ def public_home(module: str, name: str) -> str | None:
 
 
 def public_imports(text: str, name: str = "<text>") -> str:
-    """``text`` with each top-level ``from torchtitan_seq1f1b.<module> import ...`` rewritten
-    to import the same names from their public home (:func:`public_home`).
+    """``text`` with each ``from torchtitan_seq1f1b.<module> import ...`` (at any depth)
+    rewritten to import the same names from their public home (:func:`public_home`).
 
     Fails naming the file and the import if a name has none.
     """
     lines = text.splitlines(keepends=True)
-    imports = [node for node in ast.parse(text).body if isinstance(node, ast.ImportFrom)]
+    imports = [node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom)]
     # Bottom up, so earlier statements keep their line numbers.
-    for node in reversed(imports):
+    for node in sorted(imports, key=lambda node: node.lineno, reverse=True):
         module = node.module or ""
         if node.level or not module.startswith(f"{PACKAGE}.") or module == TOOLKIT_PACKAGE:
             continue
@@ -84,7 +84,10 @@ def public_imports(text: str, name: str = "<text>") -> str:
                 )
             spelled = alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
             homes.setdefault(home, []).append(spelled)
-        statements = [f"from {home} import {', '.join(names)}\n" for home, names in homes.items()]
+        indent = " " * node.col_offset
+        statements = [
+            f"{indent}from {home} import {', '.join(names)}\n" for home, names in homes.items()
+        ]
         lines[node.lineno - 1 : node.end_lineno] = statements
     return "".join(lines)
 

@@ -30,7 +30,9 @@ if BREAK == "normalizer":
         self, output, target, global_valid_tokens=global_valid_tokens + 1
     )
 elif BREAK == "document_mask":
-    attention.positions_document_ids = lambda positions: torch.zeros_like(positions)
+    attention.positions_document_ids = lambda positions: torch.zeros_like(positions).view(
+        -1, positions.shape[-1]
+    )
 else:
     raise ValueError(
         f"SEQ1F1B_BREAK={BREAK!r}: use normalizer or document_mask"

@@ -22,12 +22,17 @@ from torchtitan_seq1f1b.planner import CACHE_ENV, GIB, NoPlanFitsError
 
 from tests.harness import (
     assert_same_training,
+    JOB_ROWS,
+    JOB_TOKENS,
+    JOB_TOKENS_OPTION,
     largest_difference,
     RESUME_STEPS,
     RunFailed,
     TEST_ARGS,
     TORCHTITAN_RTOL as RTOL,
     torchrun,
+    unpipelined_args,
+    VALIDATION_DATA_ARGS,
 )
 from tests.integration.attention_counts import counted_run
 from tests.integration.calibration_cache import (
@@ -37,14 +42,13 @@ from tests.integration.calibration_cache import (
     write_calibration,
 )
 
-UNPIPELINED = ("--parallelism.pipeline_parallel_degree", "1")
+UNPIPELINED = unpipelined_args()
 # Seq1F1B evaluates (forward only) with the training plan.
-VALIDATION_ARGS = (
-    "--validator.enable",
-    "--validator.freq", "3",
-    "--validator.steps", "2",
-    "--validator.dataloader.dataset_path", "doc_tokens=41,words=64",
-)
+VALIDATION_ARGS = ("--validator.enable", "--validator.freq", "3", *VALIDATION_DATA_ARGS)
+# Two pipelined validation steps; on main each is num_pp_microbatches (2) packed rows
+# under PP and one row without, so the unpipelined run takes 4 steps for the same rows.
+PIPELINED_VALIDATION_STEPS = ("--validator.steps", "2")
+UNPIPELINED_VALIDATION_STEPS = ("--validator.steps", "4" if JOB_ROWS == 1 else "2")
 LAYOUTS = {
     "Seq1F1B": "1F1B",
     "InterleavedSeq1F1B": "Interleaved1F1B",
@@ -62,13 +66,17 @@ def seq1f1b_args(schedule: str) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def unpipelined(run):
-    return run(1, *UNPIPELINED, *VALIDATION_ARGS, name="unpipelined")
+    return run(
+        1, *UNPIPELINED, *VALIDATION_ARGS, *UNPIPELINED_VALIDATION_STEPS, name="unpipelined"
+    )
 
 
 @pytest.fixture(scope="module")
 def fsdp_unpipelined(run):
     """FSDP2 alone: data parallelism shards the data, so FSDP runs are compared with FSDP."""
-    return run(2, *UNPIPELINED, "--parallelism.data_parallel_shard_degree", "2", name="fsdp")
+    return run(
+        2, *unpipelined_args(dp=2), "--parallelism.data_parallel_shard_degree", "2", name="fsdp"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +109,7 @@ def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
         *seq1f1b_args(schedule),
         "--seq1f1b.num_segments", str(segments),
         *VALIDATION_ARGS,
+        *PIPELINED_VALIDATION_STEPS,
         name=schedule,
     )
     assert (
@@ -115,7 +124,7 @@ def test_pp2_matches_unpipelined(run, unpipelined, schedule, segments, stages):
     for step, loss in reference.items():
         assert validation[step] == pytest.approx(loss, rel=RTOL), step
     lengths = [seq1f1b.scalars(f"seq1f1b/segment_len/{j}")[1] for j in range(segments)]
-    assert sum(lengths) == 128
+    assert sum(lengths) == JOB_TOKENS
     assert seq1f1b.scalars("seq1f1b/kv_store_peak_bytes")[1] > 0
     bubble = seq1f1b.scalars("seq1f1b/bubble_estimate")[1]
     p, m = 2, 2
@@ -222,7 +231,7 @@ def planner_cache(tmp_path_factory):
 
 def _recommendation(cost, budget_bytes):
     return expected_recommendation(
-        cost, 128, "Seq1F1B", num_ranks=2, stages_per_rank=1, microbatches=2,
+        cost, JOB_TOKENS, "Seq1F1B", num_ranks=2, stages_per_rank=1, microbatches=2,
         budget_bytes=budget_bytes,
     )
 
@@ -284,7 +293,7 @@ def test_auto_plan_over_the_budget_fails_on_every_rank(tmp_path, planner_cache):
     output = failure.value.output
     message = (
         "Seq1F1BConfigError: seq1f1b.num_segments='auto', seq1f1b.partition='auto', "
-        "seq1f1b.align=1 (x tp=1), training.seq_len=128: "
+        f"seq1f1b.align=1 (x tp=1), {JOB_TOKENS_OPTION}={JOB_TOKENS}: "
         f"seq1f1b.memory_budget_gib={budget_gib}: {in_process.value}"
     )
     for rank in (0, 1):

@@ -1,14 +1,15 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The upstream patch against torchtitan 0.3.0 itself: it applies, and the patched tree's
-experiment tests pass there.
+"""The upstream patch against the installed torchtitan itself (0.3.0, or main): it applies,
+the patched tree's experiment tests pass there, and with the hook unset torchtitan's
+own 1F1B trains exactly as in the unpatched tree.
 
 The installed torchtitan package is copied into ``tmp/src/torchtitan`` (the
-wheel has no ``experiments/README.md``; tests/tools/test_upstream.py covers
-that edit), the patch is generated and applied with git, and the experiment's
-own tests run with ``tmp/src`` first on the path, so ``torchtitan`` is the
-patched copy.
+0.3.0 wheel has no ``experiments/README.md``; tests/tools/test_upstream.py
+covers that edit), the patch is generated and applied with git, and the
+experiment's own tests run with ``tmp/src`` first on the path, so
+``torchtitan`` is the patched copy.
 """
 
 import os
@@ -84,7 +85,20 @@ def test_the_core_hook_comes_first_and_its_unit_test_passes(patched):
         cwd=patched.parent, env=patched_env(patched),
     )
     assert hooked.split()[-1] == "True"
-    assert not pipeline._HAS_SCHEDULE_HOOK
+    assert pipeline._HAS_SCHEDULE_HOOK == has_schedule_builder(
+        (Path(torchtitan.__file__).parent.parent / PIPELINE_PARALLEL).read_text()
+    )
+
+
+def test_with_the_hook_unset_torch_1f1b_trains_as_unpatched(run, patched):
+    """torchtitan's own 1F1B at PP=2 (``seq1f1b.schedule none``: ``pipeline_llm`` without
+    a builder) in the patched tree: the same losses and grad norms, bit for bit."""
+    args = (2, "--seq1f1b.schedule", "none")
+    unpatched = run(*args, name="unpatched_1f1b")
+    hook_unset = run(*args, name="hook_unset_1f1b", extra_env=patched_env(patched))
+    assert "Using pipeline schedule 1F1B" in hook_unset.output
+    assert hook_unset.losses == unpatched.losses and len(unpatched.losses) >= 3
+    assert hook_unset.grad_norms == unpatched.grad_norms
 
 
 def test_the_patch_adds_the_experiment_and_registers_it(patched):

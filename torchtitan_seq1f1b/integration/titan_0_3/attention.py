@@ -49,6 +49,7 @@ from torchtitan_seq1f1b.integration.titan_0_3.gated_delta_net import (
     convert_gated_delta_nets,
     is_gated_delta_net,
 )
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 
 __all__ = [
     "MASKS_KWARG",
@@ -78,7 +79,9 @@ class SegmentAwareInnerAttention(SegmentAwareAttention):
     ) -> torch.Tensor:
         """
         Args:
-            q: (batch, seq_len, n_heads, head_dim), RoPE applied.
+            q: (batch, seq_len, n_heads, head_dim), RoPE applied; on torchtitan
+                main (:data:`~.release.FOLDED`) one packed row, (seq_len, n_heads,
+                head_dim), and so are k, v and the result.
             k: (batch, seq_len, n_kv_heads, head_dim).
             v: (batch, seq_len, n_kv_heads, v_head_dim); MLA's differs from head_dim.
             attention_masks: must be None: document ids reach the layer
@@ -100,6 +103,8 @@ class SegmentAwareInnerAttention(SegmentAwareAttention):
                 "bind_documents, not to the layers"
             )
         sinks = None if out_transform is None else attention_sinks(out_transform)
+        if FOLDED:
+            return self.attend(q[None], k[None], v[None], scale, sinks)[0]
         return self.attend(q, k, v, scale, sinks)
 
 
@@ -124,11 +129,13 @@ def attention_sinks(out_transform: Callable) -> torch.Tensor:
 def positions_document_ids(positions: torch.Tensor) -> torch.Tensor:
     """Document ids as torchtitan 0.3's ``get_document_mask_mod`` derives them.
 
-    positions: (batch, seq_len) per-document positions, 0 at each document start
+    positions: (batch, seq_len) per-document positions, 0 at each document start,
+    or torchtitan main's packed row, (seq_len,)
     -> (batch, seq_len) int64, non-decreasing: the number of document starts
-    at or before each position, minus one.
+    at or before each position, minus one; main's row is a batch of one.
     """
-    return torch.cumsum(positions == 0, dim=1) - 1
+    ids = torch.cumsum(positions == 0, dim=-1) - 1
+    return ids.view(-1, positions.shape[-1])
 
 
 def unconvertible_layers(model: nn.Module) -> list[str]:

@@ -33,6 +33,7 @@ from torchtitan_seq1f1b.integration.schedules import SCHEDULES, SPLIT_BACKWARD_S
 from torchtitan_seq1f1b.integration.titan_0_3.gated_delta_net import gated_delta_net_problems
 from torchtitan_seq1f1b.integration.titan_0_3.job_data import data_problems
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.release import sequence_length
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 from torchtitan_seq1f1b.integration.titan_0_3.vision_language import vision_problems
 
@@ -168,7 +169,7 @@ def _seq1f1b_problems(config: Trainer.Config) -> list[str]:
     if fixed_k and not uses_planner(options) and spec is not None:
         try:
             plan = segment_plan_for(
-                options, config.training.seq_len, parallelism.tensor_parallel_degree,
+                options, sequence_length(config.training), parallelism.tensor_parallel_degree,
                 spec.model, cp=parallelism.context_parallel_degree,
             )
         except Seq1F1BConfigError as error:
@@ -187,7 +188,7 @@ def _planned_chunked_loss_problems(config: Trainer.Config) -> list[str]:
     if not isinstance(loss, ChunkedLossWrapper.Config):
         return []
     align = plan_align(
-        options, config.training.seq_len, parallelism.tensor_parallel_degree,
+        options, sequence_length(config.training), parallelism.tensor_parallel_degree,
         parallelism.context_parallel_degree, torch.cuda.is_available(),
     )
     if align % loss.num_chunks == 0:

@@ -12,12 +12,10 @@ other name is torchtitan's own config of that name, as a Seq1F1B job
 (:mod:`.torchtitan_configs`).
 """
 
-from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import default_adamw, LRSchedulersContainer
 from torchtitan.components.validate import Validator
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.models.llama3 import model_registry
@@ -26,10 +24,25 @@ from torchtitan.models.llama3.config_registry import llama3_8b
 from torchtitan_seq1f1b.data import TOKENIZER_DIR
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import seq1f1b_config, seq1f1b_job
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
+if FOLDED:
+    from torchtitan.components.checkpointer import CheckpointManager
+    from torchtitan.components.data import GrainDataLoader
+
+    from torchtitan_seq1f1b.data.grain_source import recall_dataset
+else:
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
 __all__ = ["seq1f1b_debug", "seq1f1b_llama3_8b_128k"]
+
+# The recall corpus of the debug job (0.3's dataset_path); words from a pool of 64.
+_DEBUG_CORPUS = "doc_tokens=65,words=64"
+# main: two 128-token documents per 256-token microbatch, each across two segments.
+_DEBUG_MAIN_CORPUS = "doc_tokens=129,words=64"
 
 
 def seq1f1b_debug() -> Seq1F1BTrainer.Config:
@@ -54,26 +67,10 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=20, decay_ratio=0.2, decay_type="linear", min_lr_factor=0.0
         ),
-        training=TrainingConfig(
-            local_batch_size=16,
-            seq_len=64,
-            steps=300,
-            max_norm=1.0,
-            # CPU has no fast bf16; float32 keeps runs comparable.
-            mixed_precision_param="float32",
-            # torchtitan refuses CUDA graphs with pipeline parallelism.
-            disable_cuda_graphs=True,
-        ),
-        # One 65-token document per window; words from a pool of 64.
-        dataloader=HuggingFaceTextDataLoader.Config(
-            dataset="seq1f1b_recall", dataset_path="doc_tokens=65,words=64"
-        ),
+        training=_debug_training(),
+        dataloader=_debug_data("train"),
         metrics=Seq1F1BMetricsProcessor.Config(log_freq=5, enable_tensorboard=True),
-        parallelism=ParallelismConfig(
-            pipeline_parallel_degree=2,
-            pipeline_parallel_schedule="1F1B",
-            pipeline_parallel_microbatch_size=8,
-        ),
+        parallelism=_debug_parallelism(),
         seq1f1b=Seq1F1BSection(schedule="Seq1F1B", num_segments=4, partition="balanced"),
         checkpoint=CheckpointManager.Config(
             enable=True, interval=100, last_save_model_only=False
@@ -83,13 +80,48 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
         validator=Validator.Config(
             freq=50,
             steps=4,
-            dataloader=HuggingFaceTextDataLoader.Config(
-                dataset="seq1f1b_recall_validation",
-                dataset_path="doc_tokens=65,words=64",
-                infinite=False,
-            ),
+            dataloader=_debug_data("validation"),
         ),
         debug=DebugConfig(seed=0),
+    )
+
+
+def _debug_training() -> TrainingConfig:
+    """2 microbatches a step: of 8 rows of 64 tokens on 0.3, of one packed row of 256 on
+    main (where a step without PP is one row: the reference accumulates two,
+    ``--training.num_tokens_per_train_step 512``)."""
+    # CPU has no fast bf16; float32 keeps runs comparable. torchtitan refuses CUDA
+    # graphs with pipeline parallelism.
+    common = dict(steps=300, max_norm=1.0, mixed_precision_param="float32", disable_cuda_graphs=True)
+    if FOLDED:
+        return TrainingConfig(
+            num_tokens_per_microbatch_per_dp_rank=256,
+            max_context_length=128,
+            **common,
+        )
+    return TrainingConfig(local_batch_size=16, seq_len=64, **common)
+
+
+def _debug_data(split: str):
+    if FOLDED:
+        return GrainDataLoader.Config(
+            dataset=recall_dataset(_DEBUG_MAIN_CORPUS, split), repeat=split == "train"
+        )
+    name = "seq1f1b_recall" if split == "train" else "seq1f1b_recall_validation"
+    return HuggingFaceTextDataLoader.Config(
+        dataset=name, dataset_path=_DEBUG_CORPUS, infinite=split == "train"
+    )
+
+
+def _debug_parallelism() -> ParallelismConfig:
+    if FOLDED:
+        return ParallelismConfig(
+            pipeline_parallel_degree=2, pipeline_parallel_schedule="1F1B", num_pp_microbatches=2
+        )
+    return ParallelismConfig(
+        pipeline_parallel_degree=2,
+        pipeline_parallel_schedule="1F1B",
+        pipeline_parallel_microbatch_size=8,
     )
 
 
@@ -109,12 +141,19 @@ def seq1f1b_llama3_8b_128k() -> Seq1F1BTrainer.Config:
     """
     config = seq1f1b_job(llama3_8b(), "llama3_8b")
     config.dump_folder = "./outputs/seq1f1b_llama3_8b_128k"
-    config.training.seq_len = 131072
-    config.training.local_batch_size = 8
     parallelism = config.parallelism
     parallelism.pipeline_parallel_degree = 4
     parallelism.context_parallel_degree = 2
-    parallelism.pipeline_parallel_microbatch_size = 1
+    if FOLDED:
+        config.training.num_tokens_per_microbatch_per_dp_rank = 131072
+        config.training.max_context_length = 131072
+        config.training.num_tokens_per_train_step = 8 * 131072
+        parallelism.num_pp_microbatches = 8
+        parallelism.spmd_backend = "spmd_types"
+    else:
+        config.training.seq_len = 131072
+        config.training.local_batch_size = 8
+        parallelism.pipeline_parallel_microbatch_size = 1
     config.activation_checkpoint = FullAC.Config()
     config.seq1f1b = Seq1F1BSection(
         schedule="Seq1F1B", num_segments=8, partition="balanced",

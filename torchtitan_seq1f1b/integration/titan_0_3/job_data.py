@@ -14,19 +14,29 @@ option to set.
 
 import dataclasses
 import os
+from typing import Any
 
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
-from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
 from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.data import DATASET_NAMES, RecallSpec, TOKENIZER_DIR
+from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.image_corpus import VisionSettings
-from torchtitan_seq1f1b.integration.titan_0_3.image_dataloader import (
-    IMAGE_DATASET,
-    ImageTextDataLoader,
-)
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 
-__all__ = ["data_problems", "use_image_data", "use_recall_data"]
+if FOLDED:  # torchtitan main: Grain datasets are config objects
+    from torchtitan.components.data import GrainDataLoader
+
+    from torchtitan_seq1f1b.data.grain_source import recall_dataset, RecallSource
+else:
+    from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
+
+    from torchtitan_seq1f1b.integration.titan_0_3.image_dataloader import (
+        IMAGE_DATASET,
+        ImageTextDataLoader,
+    )
+
+__all__ = ["data_problems", "dataset_name_and_path", "use_image_data", "use_recall_data"]
 
 
 
@@ -49,6 +59,13 @@ def use_recall_data(config: Trainer.Config) -> None:
     config.hf_assets_path = str(TOKENIZER_DIR)
     # Plain: the shipped tokenizer has no image tokens for a multimodal one to find.
     config.tokenizer = HuggingFaceTokenizer.Config()
+    if FOLDED:  # main's dataset is no flag: the default corpus
+        config.dataloader = GrainDataLoader.Config(dataset=recall_dataset())
+        if config.validator is not None:
+            config.validator.dataloader = GrainDataLoader.Config(
+                dataset=recall_dataset(split="validation"), repeat=False
+            )
+        return
     config.dataloader = HuggingFaceTextDataLoader.Config(
         dataset=_TRAIN, dataset_path=_recall_path(config.dataloader.dataset_path)
     )
@@ -64,6 +81,11 @@ def use_image_data(config: Trainer.Config) -> None:
     """Train on the image-text corpus, batched with the vision settings of the job's
     multimodal dataloader, its token ids those of the shipped tokenizer. The job
     validates on nothing: the corpus has no end to validate over."""
+    if FOLDED:
+        raise Seq1F1BConfigError(
+            "seq1f1b.data='images' needs torchtitan 0.3: on torchtitan main the image "
+            "corpus is not ported yet (docs/upstream.md); drop --seq1f1b.data images"
+        )
     own, tokens = config.dataloader, config.tokenizer
     settings = {f.name: getattr(own, f.name) for f in dataclasses.fields(VisionSettings)
                 if hasattr(own, f.name)}
@@ -76,6 +98,17 @@ def use_image_data(config: Trainer.Config) -> None:
     config.dataloader = ImageTextDataLoader.Config(vision=VisionSettings(**settings))
     if config.validator is not None:
         config.validator.enable = False
+
+
+def dataset_name_and_path(loader: Any) -> tuple[str, str | None]:
+    """A dataloader config's dataset as 0.3 names it (``"seq1f1b_recall"`` and its
+    path for the recall corpus); main's Grain recall dataset is named the same."""
+    if not FOLDED:
+        return getattr(loader, "dataset", ""), getattr(loader, "dataset_path", None)
+    source = getattr(getattr(getattr(loader, "dataset", None), "dataset", None), "source", None)
+    if isinstance(source, RecallSource.Config):
+        return (_TRAIN if source.split == "train" else _VALIDATION), source.spec
+    return "", None
 
 
 def _is_local(path: str) -> bool:
@@ -92,6 +125,8 @@ def data_problems(config: Trainer.Config) -> list[str]:
             f"hf_assets_path={config.hf_assets_path!r} does not exist (torchtitan's debug "
             f"configs point at its repository's tests/assets); set --hf_assets_path, {fix}"
         )
+    if FOLDED:  # a Grain dataset is an object, not a path to check
+        return problems
     loaders = [("dataloader", config.dataloader)]
     if config.validator is not None and getattr(config.validator, "enable", False):
         loaders.append(("validator.dataloader", config.validator.dataloader))

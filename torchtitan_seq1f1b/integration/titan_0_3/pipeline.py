@@ -11,7 +11,7 @@ encoder on the first, as ``pipeline_vlm``), apply ``parallelize_fn`` (TP, AC,
 FSDP) to every part -- except that the attention ops (and a VLM's image
 scatter) become segment-aware before parallelizing and the stages run under the
 Seq1F1B schedule ``seq1f1b.schedule`` names, with a segment plan derived from
-``training.seq_len``, the ``seq1f1b`` options and the model's dims. Under
+the sequence length (:mod:`.release`), the ``seq1f1b`` options and the model's dims. Under
 context parallelism the schedule cuts each segment over the CP mesh. With
 ``seq1f1b.schedule = "none"`` it is ``pipeline_llm`` (``pipeline_vlm``).
 Where ``pipeline_llm`` takes a ``schedule_builder`` (the torchtitan core patch
@@ -57,6 +57,12 @@ from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
 from torchtitan_seq1f1b.integration.titan_0_3.contiguous import send_contiguous
 from torchtitan_seq1f1b.integration.titan_0_3.attention import make_segment_aware, MASKS_KWARG
 from torchtitan_seq1f1b.integration.titan_0_3.options import NO_SCHEDULE, Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.release import (
+    microbatch_rows,
+    num_microbatches,
+    SEQ_DIM,
+    sequence_length,
+)
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, segment_plan_for
 from torchtitan_seq1f1b.integration.titan_0_3.vision_language import (
     IMAGE_KWARGS,
@@ -123,19 +129,20 @@ def pipeline_llm_seq1f1b(
         )
         if vision:  # pipeline_vlm's split: the encoder beside the token embeddings
             module_names[0].insert(0, "vision_encoder")
-    n_microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
+    n_microbatches = num_microbatches(training, parallelism)
     planner_job = PlannerJob.for_stages(
         model,
         module_names,
         parallel_dims,
         entry.schedule_class,
-        parallelism.pipeline_parallel_microbatch_size,
+        microbatch_rows(parallelism),
         n_microbatches,
         device,
         compute_dtype(training, parallel_dims),
     )
     plan = segment_plan_for(
-        options, training.seq_len, parallel_dims.tp, model_config, planner_job, parallel_dims.cp
+        options, sequence_length(training), parallel_dims.tp, model_config, planner_job,
+        parallel_dims.cp,
     )
     make_segment_aware(model, options.attention_backend)
 
@@ -153,6 +160,7 @@ def pipeline_llm_seq1f1b(
             segment_plan=plan,
             loss_fn=_ScalarLoss(loss_fn, options.schedule in SPLIT_BACKWARD_SCHEDULES),
             scale_grads=False,
+            seq_dim=SEQ_DIM,
             positions_kwarg="positions",
             document_ids_kwarg=MASKS_KWARG,
             context_parallel=context_group(parallel_dims),

@@ -8,6 +8,7 @@ from torchtitan.tools.logging import logger
 
 from torchtitan_seq1f1b.integration.segment_plan import plan_segments, PlannerJob
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
+from torchtitan_seq1f1b.integration.titan_0_3.release import sequence_option
 from torchtitan_seq1f1b.segmenting import SegmentPlan, TransformerCost
 
 __all__ = ["attention_head_dim", "segment_plan_for", "transformer_cost"]
@@ -87,10 +88,11 @@ def segment_plan_for(
     planner_job: PlannerJob | None = None,
     cp: int = 1,
 ) -> SegmentPlan:
-    """The plan ``options`` ask for at ``training.seq_len``, with lengths that TP
+    """The plan ``options`` ask for at ``seq_len`` (:func:`~.release.sequence_length`), with lengths that TP
     degree ``tp`` and CP degree ``cp`` can shard; raises
     :class:`~torchtitan_seq1f1b.integration.segment_plan.Seq1F1BConfigError` naming them.
     ``planner_job`` is needed when the options leave the plan to the planner."""
     return plan_segments(
-        options, seq_len, tp, transformer_cost(model_config), planner_job, logger.info, cp
+        options, seq_len, tp, transformer_cost(model_config), planner_job, logger.info, cp,
+        sequence_option(),
     )

@@ -38,10 +38,15 @@ from torchtitan_seq1f1b.integration.summary import JobFacts, run_summary
 from torchtitan_seq1f1b.integration.titan_0_3.attention import parallelize_with_document_ids
 from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
-from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_image_data, use_recall_data
+from torchtitan_seq1f1b.integration.titan_0_3.job_data import (
+    dataset_name_and_path,
+    use_image_data,
+    use_recall_data,
+)
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
+from torchtitan_seq1f1b.integration.titan_0_3.release import sequence_length
 from torchtitan_seq1f1b.integration.titan_0_3.vision_attention import (
     with_dense_vision_attention,
 )
@@ -113,10 +118,11 @@ class Seq1F1BTrainer(Trainer):
         if getattr(metrics, "figures", None) is None or not self.pp_has_last_stage:
             return
         config = self.config
+        dataset, dataset_path = dataset_name_and_path(config.dataloader)
         job = JobFacts(
-            dataset=getattr(config.dataloader, "dataset", ""),
-            dataset_path=config.dataloader.dataset_path,
-            seq_len=config.training.seq_len,
+            dataset=dataset,
+            dataset_path=dataset_path,
+            seq_len=sequence_length(config.training),
             steps=config.training.steps,
             checkpoint_folder=os.path.join(config.dump_folder, config.checkpoint.folder),
         )

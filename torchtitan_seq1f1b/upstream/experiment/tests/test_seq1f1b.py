@@ -4,15 +4,20 @@
 """The seq1f1b experiment end to end: ``--module seq1f1b`` under torchrun, on CPU with gloo.
 
 From one seed checkpoint, the per-step losses and the step-1 grad_norm of
-Seq1F1B at PP=2 (2 microbatches x 4 segments of packed 41-token documents
-in 128-token windows) equal the non-pipelined run's within 1e-4 relative; a
+Seq1F1B at PP=2 (2 microbatches x 4 segments of packed documents, each
+document across segments) equal the non-pipelined run's within 1e-4 relative; a
 bad ``seq1f1b`` option fails before training, naming the option. About a
 minute on 2 CPU cores.
 """
 
 import pytest
 
-from torchtitan_seq1f1b.check.titan_runs import RunFailed, TEST_ARGS_0_3, torchrun
+from torchtitan_seq1f1b.check.titan_runs import (
+    RunFailed,
+    TEST_ARGS,
+    torchrun,
+    unpipelined_args,
+)
 
 CONFIG = "seq1f1b:seq1f1b_debug"  # --module seq1f1b --config seq1f1b_debug
 RTOL = 1e-4
@@ -24,7 +29,7 @@ def seed_checkpoint(tmp_path_factory):
     torchrun(
         folder,
         1,
-        *TEST_ARGS_0_3,
+        *TEST_ARGS,
         "--checkpoint.enable",
         "--checkpoint.create_seed_checkpoint",
         "--parallelism.pipeline_parallel_degree",
@@ -38,7 +43,7 @@ def train(folder, nproc, seed_checkpoint, *args):
     return torchrun(
         folder,
         nproc,
-        *TEST_ARGS_0_3,
+        *TEST_ARGS,
         "--checkpoint.enable",
         "--checkpoint.initial_load_path",
         str(seed_checkpoint),
@@ -50,13 +55,7 @@ def train(folder, nproc, seed_checkpoint, *args):
 
 
 def test_pp2_seq1f1b_matches_unpipelined(tmp_path, seed_checkpoint):
-    reference = train(
-        tmp_path / "pp1",
-        1,
-        seed_checkpoint,
-        "--parallelism.pipeline_parallel_degree",
-        "1",
-    )
+    reference = train(tmp_path / "pp1", 1, seed_checkpoint, *unpipelined_args())
     seq1f1b = train(tmp_path / "pp2", 2, seed_checkpoint)
     assert "Using pipeline schedule Seq1F1B" in seq1f1b.output
     steps = sorted(reference.losses)
@@ -71,7 +70,7 @@ def test_pp2_seq1f1b_matches_unpipelined(tmp_path, seed_checkpoint):
 def test_bad_option_fails_naming_it(tmp_path):
     with pytest.raises(RunFailed) as failure:
         torchrun(
-            tmp_path, 2, *TEST_ARGS_0_3, "--seq1f1b.num_segments", "300", config=CONFIG
+            tmp_path, 2, *TEST_ARGS, "--seq1f1b.num_segments", "300", config=CONFIG
         )
     assert "seq1f1b.num_segments=300" in failure.value.output
     assert "Training starts" not in failure.value.output
