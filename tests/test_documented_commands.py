@@ -29,6 +29,7 @@ import pytest
 
 from tests.harness import JOB_SERVER, REPO
 from torchtitan_seq1f1b.check.titan_runs import titan_release
+from torchtitan_seq1f1b.integration import MAIN
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Documents whose commands are not run here, but whose modules must exist.
@@ -40,6 +41,11 @@ TIMEOUT = 300
 MAIN_JOB = (
     "torchrun --nproc_per_node 2 -m torchtitan.train --job.config_file train_configs/debug_seq1f1b.toml"
 )
+# Options of torchtitan main's folded batch, which 0.3 lacks.
+MAIN_ONLY_OPTIONS = {
+    "--training.num_tokens_per_train_step", "--training.num_tokens_per_microbatch_per_dp_rank",
+    "--parallelism.num_pp_microbatches",
+}
 # Documented jobs that run a config of torchtitan's registries rather than ours.
 TORCHTITAN_CONFIGS = ("llama3_debugmodel",)
 # Documented commands a test runs as written and checks in more detail.
@@ -99,7 +105,7 @@ def smoke(command: str, scratch) -> list[str]:
     """
     argv = shlex.split(command, comments=True)
     if argv[0] == "torchrun":
-        if _titan_release_of(command) == "0.3":
+        if _titan_release_of(command) in ("0.3", MAIN):
             config, dump_flag = argv[argv.index("--config") + 1], "--dump_folder"
         else:
             config = Path(argv[argv.index("--job.config_file") + 1]).stem
@@ -122,9 +128,12 @@ def smoke(command: str, scratch) -> list[str]:
 
 
 def _titan_release_of(command: str) -> str | None:
-    """The torchtitan release a command is written for: a torchrun job's, or the plan
-    command's job config (a TOML file: 0.2.2, a config function's name: 0.3); None: any."""
+    """The torchtitan release a command is written for: a torchrun job's (main's if it
+    sets an option only main has), or the plan command's job config (a TOML file: 0.2.2,
+    a config function's name: 0.3); None: any."""
     argv = shlex.split(command, comments=True)
+    if argv[0] == "torchrun" and MAIN_ONLY_OPTIONS & {arg.split("=")[0] for arg in argv}:
+        return MAIN
     if argv[0] == "torchrun":
         return "0.3" if "--module" in argv else "0.2"
     if "--job-config" in argv:

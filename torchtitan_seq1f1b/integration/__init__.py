@@ -17,7 +17,7 @@ upstream experiment (docs/upstream.md) import nothing else of the package.
 - :mod:`.titan_0_2`: the torchtitan 0.2.2 adapter (TOML configs,
   ``custom_config_module``, train-spec and trainer hooks);
 - :mod:`.titan_0_3`: the torchtitan 0.3 adapter (config registry, Trainer
-  subclass, keyword-only pipelining function).
+  subclass, keyword-only pipelining function), which also runs torchtitan main.
 
 The package's ``__init__`` calls :func:`install` when it is imported inside a
 torchtitan process; nothing here imports torchtitan before that.

@@ -21,6 +21,7 @@ from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
 from torchtitan_seq1f1b.integration.titan_0_3.job_data import use_image_data, use_recall_data
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import segment_plan_for
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import (
     import_registry,
@@ -101,8 +102,16 @@ def test_the_debug_config_passes_and_pipeline_schedule_stays_a_torch_name():
     assert config.training.disable_cuda_graphs
 
 
-def test_every_problem_is_named_at_once():
+def debug_job_of_64_tokens() -> Seq1F1BTrainer.Config:
+    """``seq1f1b_debug`` cutting 64-token sequences: 0.3's rows, or main's packed row."""
     config = seq1f1b_debug()
+    if FOLDED:
+        config.training.num_tokens_per_microbatch_per_dp_rank = 64
+    return config
+
+
+def test_every_problem_is_named_at_once():
+    config = debug_job_of_64_tokens()
     config.seq1f1b.num_segments = 300
     config.parallelism.pipeline_parallel_schedule = "Interleaved1F1B"
     config.parallelism.pipeline_parallel_schedule_csv = "order.csv"
@@ -160,6 +169,11 @@ def test_every_problem_is_named_at_once():
          "activation_checkpoint:selective cannot run under seq1f1b.schedule='Seq1F1BZeroBubble'"),
         (lambda c: setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=5)),
          "loss.num_chunks=5 must divide every segment length [16, 16, 16, 16]"),
+        (lambda c: (setattr(c.parallelism, "context_parallel_degree", 2),
+                    setattr(c.seq1f1b, "partition", "uniform"),
+                    setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=16))),
+         "loss.num_chunks=16 must divide every segment length / context_parallel_degree=2 "
+         "[8, 8, 8, 8]"),
         (lambda c: (setattr(c.seq1f1b, "num_segments", "auto"),
                     setattr(c, "loss", ChunkedLossWrapper.Config(num_chunks=4))),
          "loss.num_chunks=4 must divide every segment length (the chunked loss cuts each "
@@ -170,11 +184,11 @@ def test_every_problem_is_named_at_once():
         "num_segments", "num_segments_string", "auto_with_lengths", "auto_partition_with_lengths",
         "zero_budget", "negative_budget", "segment_lengths", "cp_segment_lengths",
         "cp_load_balancer", "cp_spmd_backend", "cp_validator", "selective_ac",
-        "chunked_loss", "planned_chunked_loss",
+        "chunked_loss", "cp_chunked_loss", "planned_chunked_loss",
     ],
 )
 def test_bad_option_is_named(change, message):
-    config = seq1f1b_debug()
+    config = debug_job_of_64_tokens()
     config.seq1f1b.segment_lengths = []
     change(config)
     assert message in problems_of(config)
@@ -202,6 +216,7 @@ def qwen3_5_job(data: str = "recall") -> Seq1F1BTrainer.Config:
     return config
 
 
+@pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")
 @pytest.mark.parametrize("data", ["recall", "images"])
 def test_qwen3_5_trains_on_the_shipped_corpora(data):
     config = qwen3_5_job(data)
@@ -209,6 +224,7 @@ def test_qwen3_5_trains_on_the_shipped_corpora(data):
     check_config(config)
 
 
+@pytest.mark.titan_0_3_only("main's multimodal collator packs pixel_values (docs/torchtitan-main.md)")
 def test_the_image_corpus_takes_the_models_vision_settings():
     qwen = qwen3_5_job("images").dataloader.vision
     assert (qwen.patch_size, qwen.temporal_patch_size, qwen.patch_order) == (16, 2, "block")
@@ -220,6 +236,7 @@ def test_the_image_corpus_takes_the_models_vision_settings():
     assert not loader.build_mrope_positions and loader.shared_placeholder
 
 
+@pytest.mark.titan_0_3_only("kimi_k2_5's configs are checked on 0.3")
 def test_kimi_configs_name_torchtitans_own_refusal():
     """torchtitan's kimi configs refuse their DistMuon under pipeline parallelism."""
     with pytest.raises(ValueError, match="torchtitan itself refuses it under pipeline "
@@ -248,6 +265,7 @@ def test_qwen3_5_refusals_name_the_option(change, message):
     assert message in problems_of(config)
 
 
+@pytest.mark.titan_0_3_only("main's multimodal collator packs pixel_values (docs/torchtitan-main.md)")
 @pytest.mark.parametrize("data", ["config", "images"])
 def test_images_under_context_parallelism_are_refused(data):
     config = qwen3_5_job("images")
@@ -262,6 +280,7 @@ def test_images_under_context_parallelism_are_refused(data):
     ) in problems_of(config)
 
 
+@pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")
 def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
     with pytest.raises(RunFailed) as failure:
         torchrun(

@@ -26,7 +26,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.harness import assert_same_training, RunFailed, TEST_ARGS, torchrun
+from tests.harness import assert_same_training, RunFailed, TEST_ARGS, torchrun, unpipelined_args
+from torchtitan_seq1f1b.integration import MAIN, titan_release
 from tests.integration.titan_0_3 import adamw_kimi, fewer_experts, input_dtype_experts
 
 # Model family: its debug config in torchtitan's registry, the steps each run trains,
@@ -48,6 +49,17 @@ MODELS = {
         adamw_kimi.__name__,
     )),
 }
+# On main (its corpus no flag): 2 microbatches of one row of 256 tokens, each one
+# 256-token recall document, for every model.
+MAIN_MODEL_ARGS = (
+    "--training.num_tokens_per_microbatch_per_dp_rank", "256",
+    "--training.max_context_length", "256", "--parallelism.num_pp_microbatches", "2",
+)
+if titan_release() == MAIN:
+    MODELS = {
+        name: (config, steps, MAIN_MODEL_ARGS, launchers)
+        for name, (config, steps, _, launchers) in MODELS.items()
+    }
 DATA_ARGS = (
     "--seq1f1b.data", "recall", "--metrics.enable_tensorboard", *TEST_ARGS,
     "--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-4",
@@ -92,7 +104,15 @@ def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
     return run
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+IMAGES_ON_MAIN = pytest.mark.titan_0_3_only(
+    "main's multimodal collator packs pixel_values (docs/torchtitan-main.md)"
+)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(m, marks=[IMAGES_ON_MAIN] * (m == "kimi_k2_5")) for m in MODELS],
+)
 def model_run(request, tmp_path_factory):
     """run(nproc, *args, name): a short run of the model's config from its seed
     checkpoint; ``run.steps``: the steps each run trains."""
@@ -102,7 +122,7 @@ def model_run(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_unpipelined(model_run):
-    return model_run(1, "--parallelism.pipeline_parallel_degree", "1", name="unpipelined")
+    return model_run(1, *unpipelined_args(), name="unpipelined")
 
 
 # Expert parallelism shards the experts over the two data-parallel ranks of each stage.
@@ -120,9 +140,7 @@ def test_expert_parallel_pp2_matches_expert_parallel(model_run):
     """EP=2 under Seq1F1B PP=2 (4 ranks) against EP=2 without PP: the same data
     shards and the same all-to-all of tokens to experts, per segment instead of
     per microbatch."""
-    reference = model_run(
-        2, "--parallelism.pipeline_parallel_degree", "1", *EXPERT_PARALLEL_ARGS, name="ep"
-    )
+    reference = model_run(2, *unpipelined_args(dp=2), *EXPERT_PARALLEL_ARGS, name="ep")
     pipelined = model_run(
         4, "--parallelism.pipeline_parallel_degree", "2", *EXPERT_PARALLEL_ARGS, name="ep_pp2"
     )
@@ -137,7 +155,8 @@ def test_context_parallel_pp2_matches_unpipelined(model_run, model_unpipelined):
     token counts summed over the CP ranks' shares."""
     pipelined = model_run(
         4, "--parallelism.pipeline_parallel_degree", "2",
-        "--parallelism.context_parallel_degree", "2", name="cp_pp2",
+        # Each CP rank's loss cuts its half of a segment into the loss's 8 chunks.
+        "--parallelism.context_parallel_degree", "2", "--seq1f1b.align", "16", name="cp_pp2",
     )
     assert "context parallel 2 per segment" in pipelined.output
     assert_same_training(pipelined, model_unpipelined, min_steps=model_run.steps)

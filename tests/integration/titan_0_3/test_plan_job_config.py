@@ -1,8 +1,8 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""``python -m torchtitan_seq1f1b.plan --job-config NAME``: a torchtitan 0.3 config function,
-read as its job lays it out."""
+"""``python -m torchtitan_seq1f1b.plan --job-config NAME``: a torchtitan 0.3 (or main)
+config function, read as its job lays it out."""
 
 import json
 
@@ -11,14 +11,16 @@ import torch
 
 from torchtitan.models.llama3 import model_registry
 
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED, sequence_length
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import transformer_cost
 from torchtitan_seq1f1b.tools.plan import cli
 
 from tests.harness import REPO
 
-# The shipped debug job: llama3 debugmodel, seq_len 64, pp=2, 16 sequences in
-# microbatches of 8, Seq1F1B on 1F1B's layout, no TP or FSDP.
+# The shipped debug job: llama3 debugmodel, pp=2, 2 microbatches of 8 sequences of 64
+# tokens (main: of one packed row of 256), Seq1F1B on 1F1B's layout, no TP or FSDP.
 DEBUG_MODEL = transformer_cost(model_registry("debugmodel").model)
+DEBUG_TOKENS, DEBUG_ROWS = (256, 1) if FOLDED else (64, 8)
 
 
 def _request(*argv: str):
@@ -29,8 +31,8 @@ def _request(*argv: str):
 def test_the_job_config_gives_model_and_layout():
     request = _request()
     assert request.shape == DEBUG_MODEL
-    assert (request.seq_len, request.num_ranks, request.stages_per_rank) == (64, 2, 1)
-    assert (request.microbatches, request.microbatch_size) == (2, 8)
+    assert (request.seq_len, request.num_ranks, request.stages_per_rank) == (DEBUG_TOKENS, 2, 1)
+    assert (request.microbatches, request.microbatch_size) == (2, DEBUG_ROWS)
     assert request.dtype == torch.float32 and request.budget_bytes is None
     assert request.attention_backend == "auto" and request.align == 1
 
@@ -58,7 +60,7 @@ def test_plans_the_job_end_to_end_and_prints_its_flags(tmp_path, capsys):
                      "--threads", "1", "--max-segments", "4", "--json", str(path)]) == 0
     records = json.loads(path.read_text())
     assert {r["num_segments"] for r in records} == {1, 2, 3, 4}
-    assert all(sum(r["segment_lengths"]) == 64 for r in records)
+    assert all(sum(r["segment_lengths"]) == DEBUG_TOKENS for r in records)
     assert records[0]["calibrated_for"]["shape"]["dim"] == DEBUG_MODEL.dim
     chosen = next(r for r in records if r["chosen"])
     flags = capsys.readouterr().out.splitlines()[-1]
@@ -86,7 +88,7 @@ def test_the_printed_flags_run_the_plan_the_command_made(capsys):
     assert flags[:4] == ["--module", "torchtitan_seq1f1b", "--config", "seq1f1b_debug"]
     config = ConfigManager().parse_args(flags)
     options = config.seq1f1b
-    assert config.training.seq_len == 96 and options.schedule == "Seq1F1BZBV"
+    assert sequence_length(config.training) == 96 and options.schedule == "Seq1F1BZBV"
     assert config.parallelism.pipeline_parallel_schedule == "ZBVZeroBubble"
     assert sum(options.segment_lengths) == 96 and len(options.segment_lengths) == options.num_segments
     assert not uses_planner(options)
@@ -96,7 +98,8 @@ def test_the_printed_flags_run_the_plan_the_command_made(capsys):
     "argv,message",
     [
         (["--job-config", str(REPO / "train_configs" / "debug_seq1f1b.toml")],
-         "TOML job configs are torchtitan 0.2.2's, and torchtitan 0.3 is installed"),
+         "TOML job configs are torchtitan 0.2.2's, and torchtitan "
+         f"{'main' if FOLDED else '0.3'} is installed"),
         (["--job-config", "nope"], "--config nope is neither a torchtitan_seq1f1b config"),
         (["--job-config", "seq1f1b_debug", "--job-module", "no_such_module"],
          "Cannot import module 'no_such_module'"),

@@ -27,6 +27,10 @@ from tests.integration.titan_0_3 import segment_local_images, smaller_vocab
 from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
 from tests.integration.titan_0_3.test_torchtitan import seq1f1b_args
 
+pytestmark = pytest.mark.titan_0_3_only(
+    "qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)"
+)
+
 # One data-parallel rank, no TP or EP: the MoE config asks for 8 ranks.
 SINGLE_RANK_PER_STAGE = (
     "--parallelism.data_parallel_shard_degree", "-1", "--parallelism.tensor_parallel_degree", "1",
@@ -102,6 +106,7 @@ def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
 def test_split_backward_pp2_matches_unpipelined(
     qwen_run, qwen_unpipelined, schedule, more_args
 ):
+
     """Input gradients (the state's and the conv tail's among them) before weight
     gradients; under full checkpointing every segment is recomputed in both. With
     images, the encoder's backward runs in segment 0's weight step."""

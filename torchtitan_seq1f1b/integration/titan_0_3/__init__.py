@@ -3,6 +3,9 @@
 
 """The torchtitan 0.3 adapter: a config registry, a Trainer subclass, a pipelining function.
 
+It also runs torchtitan main, whose folded batch, renamed options and Grain data
+:mod:`.release` tells apart by what the tree has.
+
 A job runs as ``torchrun ... -m torchtitan.train --module torchtitan_seq1f1b
 --config seq1f1b_debug`` (:mod:`.config_registry`). Its parts:
 

@@ -187,31 +187,37 @@ def _planned_chunked_loss_problems(config: Trainer.Config) -> list[str]:
     loss, options, parallelism = config.loss, config.seq1f1b, config.parallelism
     if not isinstance(loss, ChunkedLossWrapper.Config):
         return []
+    cp = parallelism.context_parallel_degree
     align = plan_align(
         options, sequence_length(config.training), parallelism.tensor_parallel_degree,
-        parallelism.context_parallel_degree, torch.cuda.is_available(),
+        cp, torch.cuda.is_available(),
     )
-    if align % loss.num_chunks == 0:
+    if align % (loss.num_chunks * cp) == 0:
         return []
     return [
-        f"loss.num_chunks={loss.num_chunks} must divide every segment length (the chunked "
-        f"loss cuts each segment's output), but seq1f1b.num_segments={options.num_segments!r} / "
-        f"partition={options.partition!r} let the planner choose lengths that are only "
-        f"multiples of {align} (seq1f1b.align x tp x 2 * cp); raise seq1f1b.align to a "
-        f"multiple of {loss.num_chunks}, or lower loss.num_chunks"
+        f"loss.num_chunks={loss.num_chunks} must divide every segment length{_per_rank(cp)} "
+        f"(the chunked loss cuts each segment's output), but seq1f1b.num_segments="
+        f"{options.num_segments!r} / partition={options.partition!r} let the planner choose "
+        f"lengths that are only multiples of {align} (seq1f1b.align x tp x 2 * cp); raise "
+        f"seq1f1b.align to a multiple of {loss.num_chunks * cp}, or lower loss.num_chunks"
     ]
 
 
+def _per_rank(cp: int) -> str:
+    return f" / context_parallel_degree={cp}" if cp > 1 else ""
+
+
 def _chunked_loss_problems(config: Trainer.Config, lengths: tuple[int, ...]) -> list[str]:
-    loss = config.loss
+    """Under CP each rank's loss gets its share of a segment, ``length / cp`` tokens."""
+    loss, cp = config.loss, config.parallelism.context_parallel_degree
     if not isinstance(loss, ChunkedLossWrapper.Config):
         return []
-    if all(length % loss.num_chunks == 0 for length in lengths):
+    if all(length % (loss.num_chunks * cp) == 0 for length in lengths):
         return []
     return [
-        f"loss.num_chunks={loss.num_chunks} must divide every segment length "
-        f"{list(lengths)} (the chunked loss cuts each segment's output); raise "
-        f"seq1f1b.align to a multiple of {loss.num_chunks}, or lower loss.num_chunks"
+        f"loss.num_chunks={loss.num_chunks} must divide every segment length{_per_rank(cp)} "
+        f"{[length // cp for length in lengths]} (the chunked loss cuts each segment's output); "
+        f"raise seq1f1b.align to a multiple of {loss.num_chunks * cp}, or lower loss.num_chunks"
     ]
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torchtitan_seq1f1b.integration import install, titan_release
+from torchtitan_seq1f1b.integration import install, MAIN, titan_release
 from torchtitan_seq1f1b.integration.schedules import SCHEDULES
 from torchtitan_seq1f1b.planner import (
     AutoPlan,
@@ -101,45 +101,59 @@ def _parser() -> argparse.ArgumentParser:
 def _job_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> JobLayout:
     """The layout ``--job-config`` gives, with the explicit options written over it."""
     release = titan_release()
-    if release not in ("0.2", "0.3"):
+    if release not in ("0.2", "0.3", MAIN):
         parser.error(
-            f"--job-config needs torchtitan 0.2.2 or 0.3 "
+            f"--job-config needs torchtitan 0.2.2, 0.3 or main "
             f"({f'{release} is installed' if release else 'none is installed'}): pip install "
             "'torchtitan-seq1f1b[titan02]' or '[titan03]', or give the model and layout options"
         )
-    if args.job_module is not None and release != "0.3":
+    registry = release != "0.2"  # 0.3 and main: config functions of a registry
+    if args.job_module is not None and not registry:
         parser.error("--job-module names a torchtitan 0.3 config registry; 0.2.2 job configs "
                      "are the TOML file --job-config names")
-    if release == "0.3" and args.job_config.endswith(".toml"):
+    if registry and args.job_config.endswith(".toml"):
         parser.error(
             f"--job-config {args.job_config}: TOML job configs are torchtitan 0.2.2's, and "
-            "torchtitan 0.3 is installed; name a config function of --job-module's registry "
-            "instead (e.g. --job-config seq1f1b_debug)"
+            f"torchtitan {release} is installed; name a config function of --job-module's "
+            "registry instead (e.g. --job-config seq1f1b_debug)"
         )
+    if release == MAIN and args.microbatch_size is not None:
+        parser.error(
+            f"--microbatch-size {args.microbatch_size}: a torchtitan main microbatch is one "
+            "packed row; give its tokens as --seq-len"
+        )
+    install()
     schedule = [("parallelism.pipeline_parallel_schedule", args.schedule)]
-    if release == "0.3" and args.schedule is not None:
+    if registry and args.schedule is not None:
         # 0.3 names the torch schedule whose stage layout the Seq1F1B one runs on.
         schedule = [("seq1f1b.schedule", args.schedule),
                     ("parallelism.pipeline_parallel_schedule", SCHEDULES[args.schedule].layout_of)]
+    folded, length_option = False, "training.seq_len"
+    if registry:
+        from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED, sequence_option
+
+        folded, length_option = FOLDED, sequence_option()
+    rows = None if folded else args.microbatch_size
     overrides = [
         f"--{key}={value}"
         for key, value in (
-            ("training.seq_len", args.seq_len),
+            (length_option, args.seq_len),
             ("parallelism.pipeline_parallel_degree", args.pp),
             *schedule,
-            ("parallelism.pipeline_parallel_microbatch_size", args.microbatch_size),
+            ("parallelism.pipeline_parallel_microbatch_size", rows),
             ("seq1f1b.align", args.align),
             ("seq1f1b.attention_backend", args.attention_backend),
             ("parallelism.context_parallel_degree", args.cp),
         )
         if value is not None
     ]
-    if args.microbatches is not None:
-        overrides.append(f"--training.local_batch_size={args.microbatches * (args.microbatch_size or 1)}")
-        if args.microbatch_size is None:
+    if args.microbatches is not None and folded:
+        overrides.append(f"--parallelism.num_pp_microbatches={args.microbatches}")
+    elif args.microbatches is not None:
+        overrides.append(f"--training.local_batch_size={args.microbatches * (rows or 1)}")
+        if rows is None:
             overrides.append("--parallelism.pipeline_parallel_microbatch_size=1")
     args.job_overrides = overrides  # the job needs them too, to run the plan printed for it
-    install()
     device = torch.device(args.device)
     try:
         if release == "0.2":
@@ -243,7 +257,7 @@ def _job_settings(args: argparse.Namespace, plan: AutoPlan) -> str:
     """
     best = plan.recommendation.best
     time_balanced = best.partition == "time"
-    if titan_release() == "0.3":
+    if titan_release() in ("0.3", MAIN):
         pick = [f"--seq1f1b.num_segments {best.num_segments}",
                 f"--seq1f1b.partition {'balanced' if time_balanced else best.partition}"]
         if time_balanced:

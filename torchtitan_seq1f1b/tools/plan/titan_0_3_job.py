@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""A torchtitan 0.3 job config read as its job would lay it out, without starting it.
+"""A torchtitan 0.3 (or main) job config read as its job would lay it out, without starting it.
 
 torchtitan 0.3 configs are Python: a function of a module's config registry,
 named the way ``torchtitan.train`` takes them (``--module torchtitan_seq1f1b
@@ -25,6 +25,11 @@ from torchtitan_seq1f1b.integration.titan_0_3.config_checks import (
     check_config,
     compute_dtype,
     runs_seq1f1b,
+)
+from torchtitan_seq1f1b.integration.titan_0_3.release import (
+    microbatch_rows,
+    num_microbatches,
+    sequence_length,
 )
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, transformer_cost
 from torchtitan_seq1f1b.tools.plan.job_layout import JobLayout, parallel_degrees
@@ -83,16 +88,17 @@ def read_job_layout(
         num_stages, *_ = _get_pipeline_metadata(parallel_dims, parallelism, model_config)
     except ValueError as error:
         raise Seq1F1BConfigError(str(error)) from None
+    seq_len = sequence_length(training)
     return JobLayout(
         shape=transformer_cost(model_config),
-        seq_len=training.seq_len,
+        seq_len=seq_len,
         num_ranks=parallel_dims.pp,
         schedule=options.schedule,
         stages_per_rank=num_stages // parallel_dims.pp,
-        microbatches=training.local_batch_size // parallelism.pipeline_parallel_microbatch_size,
-        microbatch_size=parallelism.pipeline_parallel_microbatch_size,
+        microbatches=num_microbatches(training, parallelism),
+        microbatch_size=microbatch_rows(parallelism),
         align=plan_align(
-            options, training.seq_len, parallel_dims.tp, parallel_dims.cp, device.type == "cuda"
+            options, seq_len, parallel_dims.tp, parallel_dims.cp, device.type == "cuda"
         ),
         attention_backend=options.attention_backend,
         memory_budget_gib=options.memory_budget_gib,
