@@ -216,6 +216,13 @@ def qwen3_5_job(data: str = "recall") -> Seq1F1BTrainer.Config:
     return config
 
 
+def test_qwen3_5_on_torchtitan_main_is_refused_naming_why():
+    if not FOLDED:
+        pytest.skip("torchtitan 0.3 runs qwen3_5 (test_qwen3_5_trains_on_the_shipped_corpora)")
+    refusal = "on torchtitan main: main moved qwen3_5's GatedDeltaNet to qwen3_5/gdn.py"
+    assert refusal in problems_of(qwen3_5_job())
+
+
 @pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")
 @pytest.mark.parametrize("data", ["recall", "images"])
 def test_qwen3_5_trains_on_the_shipped_corpora(data):
@@ -259,6 +266,7 @@ def test_kimi_configs_name_torchtitans_own_refusal():
     ],
     ids=["context_parallel", "tensor_parallel"],
 )
+@pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")
 def test_qwen3_5_refusals_name_the_option(change, message):
     config = qwen3_5_job()
     change(config)
