@@ -216,11 +216,13 @@ def qwen3_5_job(data: str = "recall") -> Seq1F1BTrainer.Config:
     return config
 
 
-def test_qwen3_5_on_torchtitan_main_is_refused_naming_why():
+def test_qwen3_5_and_images_on_torchtitan_main_are_refused_naming_why():
     if not FOLDED:
         pytest.skip("torchtitan 0.3 runs qwen3_5 (test_qwen3_5_trains_on_the_shipped_corpora)")
     refusal = "on torchtitan main: main moved qwen3_5's GatedDeltaNet to qwen3_5/gdn.py"
     assert refusal in problems_of(qwen3_5_job())
+    with pytest.raises(Seq1F1BConfigError, match="seq1f1b.data='images' needs torchtitan 0.3"):
+        qwen3_5_job("images")
 
 
 @pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")

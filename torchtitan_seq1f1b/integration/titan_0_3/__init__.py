@@ -43,6 +43,7 @@ DEVICE_CONSUMERS = (
 
 def install() -> None:
     """Idempotent; see the module docstring."""
+    # Here, not at the top: importing this package imports no torchtitan.
     from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 
     enable_cpu_training(DEVICE_CONSUMERS)

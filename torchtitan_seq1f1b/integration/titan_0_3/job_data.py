@@ -84,7 +84,7 @@ def use_image_data(config: Trainer.Config) -> None:
     if FOLDED:
         raise Seq1F1BConfigError(
             "seq1f1b.data='images' needs torchtitan 0.3: on torchtitan main the image "
-            "corpus is not ported yet (docs/upstream.md); drop --seq1f1b.data images"
+            "corpus is not ported yet (docs/torchtitan-main.md); drop --seq1f1b.data images"
         )
     own, tokens = config.dataloader, config.tokenizer
     settings = {f.name: getattr(own, f.name) for f in dataclasses.fields(VisionSettings)
