@@ -192,7 +192,7 @@ def test_bounds_of_the_debug_job():
     blind = no_cross_segment_bound(spec, [64] * 4)
     assert full_attention_bound(spec) < blind - 2.5 < math.log(256)
     assert no_cross_segment_bound(spec, [256]) == full_attention_bound(spec)
-    with pytest.raises(ValueError, match="doc_tokens=257 must be seq_len \\+ 1 = 129 or divide it"):
+    with pytest.raises(ValueError, match="257 tokens per document \\(doc_tokens=257\\) must divide 129"):
         no_cross_segment_bound(spec, [64, 64])
 
 
@@ -206,7 +206,7 @@ def test_bounds_of_packed_windows():
     blind = no_cross_segment_bound(spec, [32] * 4)
     assert full_attention_bound(spec, 128) + 0.5 < blind
     assert no_cross_segment_bound(spec, [43, 43, 42]) == full_attention_bound(spec, 128)
-    with pytest.raises(ValueError, match="doc_tokens=43 must be seq_len \\+ 1 = 128 or divide it"):
+    with pytest.raises(ValueError, match="43 tokens per document \\(doc_tokens=43\\) must divide 128"):
         no_cross_segment_bound(spec, [64, 63])
 
 
@@ -385,3 +385,16 @@ def test_long_range_structure_needs_attention_across_segments(tokenizer):
     chance = math.log(len(pseudo_words()))
     assert split > chance - 0.5, (full, split)
     assert full < 0.5 * split and full < 1.0, (full, split)
+
+
+def test_bounds_of_documents_shifted_one_by_one():
+    """torchtitan main's packing: each 42-label document on its own, three per 126-token
+    row, no BOS label; documents in segments of their own see all they need."""
+    spec = RecallSpec.parse("doc_tokens=43,words=64")
+    lone = full_attention_bound(spec)
+    assert full_attention_bound(spec, 126, shifted_per_document=True) == pytest.approx(lone)
+    assert no_cross_segment_bound(spec, [42] * 3, shifted_per_document=True) == pytest.approx(lone)
+    blind = no_cross_segment_bound(spec, [32, 32, 32, 30], shifted_per_document=True)
+    assert lone + 0.5 < blind
+    with pytest.raises(ValueError, match="42 tokens per document \\(doc_tokens=43\\) must divide 128"):
+        no_cross_segment_bound(spec, [64, 64], shifted_per_document=True)

@@ -215,7 +215,9 @@ def _label_losses(spec: RecallSpec, segment_starts: Sequence[int]) -> list[float
     return losses
 
 
-def no_cross_segment_bound(spec: RecallSpec, segment_lengths: Sequence[int]) -> float:
+def no_cross_segment_bound(
+    spec: RecallSpec, segment_lengths: Sequence[int], shifted_per_document: bool = False
+) -> float:
     """Lowest mean loss per label (nats) on this corpus for any model that cannot
     attend to earlier segments of its window, cut as ``segment_lengths``.
 
@@ -225,24 +227,33 @@ def no_cross_segment_bound(spec: RecallSpec, segment_lengths: Sequence[int]) -> 
     always follows an EOS), and no document tells anything about another, so
     the bound also holds for block-causal models. The mean loss of
     torchtitan's training log is per label, so the two compare directly.
+    ``shifted_per_document``: torchtitan main's packing, which shifts each
+    document on its own (``doc_tokens - 1`` inputs and labels each, no label
+    predicts a BOS); then ``doc_tokens - 1`` must divide ``seq_len``.
     """
     seq_len = sum(segment_lengths)
-    if (seq_len + 1) % spec.doc_tokens:
+    stride, window = (spec.doc_tokens - 1, seq_len) if shifted_per_document else (
+        spec.doc_tokens, seq_len + 1
+    )
+    if window % stride:
         raise ValueError(
-            f"the bound needs windows of whole documents: doc_tokens={spec.doc_tokens} "
-            f"must be seq_len + 1 = {seq_len + 1} or divide it"
+            f"the bound needs windows of whole documents: {stride} tokens per document "
+            f"(doc_tokens={spec.doc_tokens}) must divide {window}"
         )
     starts = [sum(segment_lengths[:j]) for j in range(len(segment_lengths))]
     losses = []
-    for offset in range(0, seq_len + 1, spec.doc_tokens):
+    for offset in range(0, window, stride):
         # Segment starts in the document's own positions; one before it starts at 0.
         losses += _label_losses(spec, [max(0, s - offset) for s in starts])
     # The labels that predict a later document's BOS add nothing but count.
     return math.fsum(losses) / seq_len
 
 
-def full_attention_bound(spec: RecallSpec, seq_len: int | None = None) -> float:
+def full_attention_bound(
+    spec: RecallSpec, seq_len: int | None = None, shifted_per_document: bool = False
+) -> float:
     """Lowest mean loss per label (nats) on aligned windows of ``seq_len``
     (default ``doc_tokens - 1``, one document per window) for any model: the
     first half's words, whatever the model sees; copies, marker, EOS and BOS free."""
-    return no_cross_segment_bound(spec, [spec.doc_tokens - 1 if seq_len is None else seq_len])
+    length = spec.doc_tokens - 1 if seq_len is None else seq_len
+    return no_cross_segment_bound(spec, [length], shifted_per_document)

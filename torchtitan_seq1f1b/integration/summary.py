@@ -32,6 +32,8 @@ class JobFacts:
     seq_len: int
     steps: int
     checkpoint_folder: str  # as the job sees it: under its dump folder
+    # torchtitan main shifts each packed document on its own (no_cross_segment_bound).
+    shifted_per_document: bool = False
 
 
 def run_summary(
@@ -60,13 +62,16 @@ def run_summary(
         return lines
     spec = RecallSpec.parse(job.dataset_path)
     lengths = list(schedule.segment_plan.lengths)
-    if (job.seq_len + 1) % spec.doc_tokens:
+    shifted = job.shifted_per_document
+    if (job.seq_len + (not shifted)) % (spec.doc_tokens - shifted):
+        whole = "doc_tokens - 1 divides seq_len" if shifted else (
+            "doc_tokens is seq_len + 1 or divides it"
+        )
         return lines + [
             f"recall corpus: no bound for doc_tokens={spec.doc_tokens} at seq_len="
-            f"{job.seq_len} (windows hold whole documents only when doc_tokens "
-            "is seq_len + 1 or divides it)"
+            f"{job.seq_len} (windows hold whole documents only when {whole})"
         ]
-    blind = no_cross_segment_bound(spec, lengths)
+    blind = no_cross_segment_bound(spec, lengths, shifted)
     verdict = (
         f"{blind - loss:.4f} below it: the model attends across segments"
         if loss < blind
@@ -75,6 +80,6 @@ def run_summary(
     return lines + [
         f"recall corpus ({spec.to_path()}), segments {lengths}: no model that cannot "
         f"attend to earlier segments gets below loss {blind:.4f}; the lowest any model "
-        f"can reach is {full_attention_bound(spec, job.seq_len):.4f}",
+        f"can reach is {full_attention_bound(spec, job.seq_len, shifted):.4f}",
         f"achieved loss {loss:.4f} is {verdict}",
     ]

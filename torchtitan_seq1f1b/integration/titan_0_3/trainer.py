@@ -46,7 +46,7 @@ from torchtitan_seq1f1b.integration.titan_0_3.job_data import (
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.pipeline import pipeline_llm_seq1f1b
-from torchtitan_seq1f1b.integration.titan_0_3.release import sequence_length
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED, sequence_length
 from torchtitan_seq1f1b.integration.titan_0_3.vision_attention import (
     with_dense_vision_attention,
 )
@@ -123,6 +123,7 @@ class Seq1F1BTrainer(Trainer):
             dataset=dataset,
             dataset_path=dataset_path,
             seq_len=sequence_length(config.training),
+            shifted_per_document=FOLDED,
             steps=config.training.steps,
             checkpoint_folder=os.path.join(config.dump_folder, config.checkpoint.folder),
         )
