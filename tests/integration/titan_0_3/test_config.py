@@ -31,7 +31,14 @@ from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import (
 )
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
-from tests.harness import REPO, RunFailed, TEST_ARGS, torchrun
+from tests.harness import (
+    IMAGES_NOT_ON_MAIN,
+    QWEN3_5_NOT_ON_MAIN,
+    REPO,
+    RunFailed,
+    TEST_ARGS,
+    torchrun,
+)
 
 
 def parse(*args: str) -> Seq1F1BTrainer.Config:
@@ -225,7 +232,7 @@ def test_qwen3_5_and_images_on_torchtitan_main_are_refused_naming_why():
         qwen3_5_job("images")
 
 
-@pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")
+@pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
 @pytest.mark.parametrize("data", ["recall", "images"])
 def test_qwen3_5_trains_on_the_shipped_corpora(data):
     config = qwen3_5_job(data)
@@ -233,7 +240,7 @@ def test_qwen3_5_trains_on_the_shipped_corpora(data):
     check_config(config)
 
 
-@pytest.mark.titan_0_3_only("main's multimodal collator packs pixel_values (docs/torchtitan-main.md)")
+@pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
 def test_the_image_corpus_takes_the_models_vision_settings():
     qwen = qwen3_5_job("images").dataloader.vision
     assert (qwen.patch_size, qwen.temporal_patch_size, qwen.patch_order) == (16, 2, "block")
@@ -268,14 +275,14 @@ def test_kimi_configs_name_torchtitans_own_refusal():
     ],
     ids=["context_parallel", "tensor_parallel"],
 )
-@pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")
+@pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
 def test_qwen3_5_refusals_name_the_option(change, message):
     config = qwen3_5_job()
     change(config)
     assert message in problems_of(config)
 
 
-@pytest.mark.titan_0_3_only("main's multimodal collator packs pixel_values (docs/torchtitan-main.md)")
+@pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
 @pytest.mark.parametrize("data", ["config", "images"])
 def test_images_under_context_parallelism_are_refused(data):
     config = qwen3_5_job("images")
@@ -290,7 +297,7 @@ def test_images_under_context_parallelism_are_refused(data):
     ) in problems_of(config)
 
 
-@pytest.mark.titan_0_3_only("qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)")
+@pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
 def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
     with pytest.raises(RunFailed) as failure:
         torchrun(

@@ -13,9 +13,9 @@ from torchtitan.models.common.multimodal import get_vision_positions
 
 from torchtitan_seq1f1b.integration.titan_0_3.image_corpus import ImageTextSpec, image_text_batch, image_text_row
 
-pytestmark = pytest.mark.titan_0_3_only(
-    "main's multimodal collator packs pixel_values (docs/torchtitan-main.md)"
-)
+from tests.harness import IMAGES_NOT_ON_MAIN
+
+pytestmark = pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
 
 SPEC = ImageTextSpec(seq_len=64)
 INDICES = [0, 1, 2, 3]

@@ -26,7 +26,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.harness import assert_same_training, RunFailed, TEST_ARGS, torchrun, unpipelined_args
+from tests.harness import (
+    assert_same_training,
+    IMAGES_NOT_ON_MAIN,
+    RunFailed,
+    TEST_ARGS,
+    torchrun,
+    unpipelined_args,
+)
 from torchtitan_seq1f1b.integration import MAIN, titan_release
 from tests.integration.titan_0_3 import adamw_kimi, fewer_experts, input_dtype_experts
 
@@ -104,9 +111,7 @@ def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
     return run
 
 
-IMAGES_ON_MAIN = pytest.mark.titan_0_3_only(
-    "main's multimodal collator packs pixel_values (docs/torchtitan-main.md)"
-)
+IMAGES_ON_MAIN = pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
 
 
 @pytest.fixture(

@@ -22,14 +22,17 @@ first one. CI runs Seq1F1B on every flavour; the other schedules are
 
 import pytest
 
-from tests.harness import assert_same_training, largest_difference, TORCHTITAN_RTOL
+from tests.harness import (
+    assert_same_training,
+    largest_difference,
+    QWEN3_5_NOT_ON_MAIN,
+    TORCHTITAN_RTOL,
+)
 from tests.integration.titan_0_3 import segment_local_images, smaller_vocab
 from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
 from tests.integration.titan_0_3.test_torchtitan import seq1f1b_args
 
-pytestmark = pytest.mark.titan_0_3_only(
-    "qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)"
-)
+pytestmark = pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
 
 # One data-parallel rank, no TP or EP: the MoE config asks for 8 ranks.
 SINGLE_RANK_PER_STAGE = (

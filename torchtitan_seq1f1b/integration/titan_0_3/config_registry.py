@@ -92,7 +92,9 @@ def _debug_training() -> TrainingConfig:
     ``--training.num_tokens_per_train_step 512``)."""
     # CPU has no fast bf16; float32 keeps runs comparable. torchtitan refuses CUDA
     # graphs with pipeline parallelism.
-    common = dict(steps=300, max_norm=1.0, mixed_precision_param="float32", disable_cuda_graphs=True)
+    common = dict(
+        steps=300, max_norm=1.0, mixed_precision_param="float32", disable_cuda_graphs=True
+    )
     if FOLDED:
         return TrainingConfig(
             num_tokens_per_microbatch_per_dp_rank=256,
@@ -147,7 +149,6 @@ def seq1f1b_llama3_8b_128k() -> Seq1F1BTrainer.Config:
     if FOLDED:
         config.training.num_tokens_per_microbatch_per_dp_rank = 131072
         config.training.max_context_length = 131072
-        config.training.num_tokens_per_train_step = 8 * 131072
         parallelism.num_pp_microbatches = 8
         parallelism.spmd_backend = "spmd_types"
     else:

@@ -88,8 +88,8 @@ def segment_plan_for(
     planner_job: PlannerJob | None = None,
     cp: int = 1,
 ) -> SegmentPlan:
-    """The plan ``options`` ask for at ``seq_len`` (:func:`~.release.sequence_length`), with lengths that TP
-    degree ``tp`` and CP degree ``cp`` can shard; raises
+    """The plan ``options`` ask for at ``seq_len`` (:func:`~.release.sequence_length`),
+    with lengths that TP degree ``tp`` and CP degree ``cp`` can shard; raises
     :class:`~torchtitan_seq1f1b.integration.segment_plan.Seq1F1BConfigError` naming them.
     ``planner_job`` is needed when the options leave the plan to the planner."""
     return plan_segments(
