@@ -79,8 +79,6 @@ TEST_ARGS_MAIN = (
     "--metrics.log_freq", "1",
 )
 TEST_ARGS = {"0.3": TEST_ARGS_0_3, MAIN: TEST_ARGS_MAIN}.get(titan_release(), TEST_ARGS_0_2)
-# The debug job's tokens per DP rank and step on main: 2 microbatches of 256.
-MAIN_STEP_TOKENS = 2 * 256
 
 
 def unpipelined_args(dp: int = 1) -> tuple[str, ...]:
@@ -89,9 +87,16 @@ def unpipelined_args(dp: int = 1) -> tuple[str, ...]:
     step's tokens by gradient accumulation."""
     if titan_release() != MAIN:
         return ("--parallelism.pipeline_parallel_degree", "1")
+    from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+
+    debug = seq1f1b_debug()
+    step_tokens = (
+        debug.training.num_tokens_per_microbatch_per_dp_rank
+        * debug.parallelism.num_pp_microbatches
+    )
     return (
         "--parallelism.pipeline_parallel_degree", "1",
-        "--training.num_tokens_per_train_step", str(MAIN_STEP_TOKENS * dp),
+        "--training.num_tokens_per_train_step", str(step_tokens * dp),
     )
 
 

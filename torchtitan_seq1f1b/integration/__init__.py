@@ -72,7 +72,7 @@ TOOLKIT = {
     "image_feature_index": "torchtitan_seq1f1b.vision",
 }
 
-__all__ = sorted(["install", "titan_release", *TOOLKIT])
+__all__ = sorted(["MAIN", "install", "titan_release", *TOOLKIT])
 
 
 def __getattr__(name: str):

@@ -63,15 +63,14 @@ def run_summary(
     spec = RecallSpec.parse(job.dataset_path)
     lengths = list(schedule.segment_plan.lengths)
     shifted = job.shifted_per_document
-    if (job.seq_len + (not shifted)) % (spec.doc_tokens - shifted):
-        whole = "doc_tokens - 1 divides seq_len" if shifted else (
-            "doc_tokens is seq_len + 1 or divides it"
-        )
+    try:
+        lowest = full_attention_bound(spec, job.seq_len, shifted)
+        blind = no_cross_segment_bound(spec, lengths, shifted)
+    except ValueError as error:  # windows that do not hold whole documents
         return lines + [
             f"recall corpus: no bound for doc_tokens={spec.doc_tokens} at seq_len="
-            f"{job.seq_len} (windows hold whole documents only when {whole})"
+            f"{job.seq_len} ({error})"
         ]
-    blind = no_cross_segment_bound(spec, lengths, shifted)
     verdict = (
         f"{blind - loss:.4f} below it: the model attends across segments"
         if loss < blind
@@ -80,6 +79,6 @@ def run_summary(
     return lines + [
         f"recall corpus ({spec.to_path()}), segments {lengths}: no model that cannot "
         f"attend to earlier segments gets below loss {blind:.4f}; the lowest any model "
-        f"can reach is {full_attention_bound(spec, job.seq_len, shifted):.4f}",
+        f"can reach is {lowest:.4f}",
         f"achieved loss {loss:.4f} is {verdict}",
     ]

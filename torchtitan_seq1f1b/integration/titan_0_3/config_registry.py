@@ -22,6 +22,7 @@ from torchtitan.models.llama3 import model_registry
 from torchtitan.models.llama3.config_registry import llama3_8b
 
 from torchtitan_seq1f1b.data import TOKENIZER_DIR
+from torchtitan_seq1f1b.integration.titan_0_3.job_data import recall_loader
 from torchtitan_seq1f1b.integration.titan_0_3.metrics import Seq1F1BMetricsProcessor
 from torchtitan_seq1f1b.integration.titan_0_3.options import Seq1F1BSection
 from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
@@ -30,19 +31,15 @@ from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
 if FOLDED:
     from torchtitan.components.checkpointer import CheckpointManager
-    from torchtitan.components.data import GrainDataLoader
-
-    from torchtitan_seq1f1b.data.grain_source import recall_dataset
 else:
     from torchtitan.components.checkpoint import CheckpointManager
-    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
 __all__ = ["seq1f1b_debug", "seq1f1b_llama3_8b_128k"]
 
-# The recall corpus of the debug job (0.3's dataset_path); words from a pool of 64.
-_DEBUG_CORPUS = "doc_tokens=65,words=64"
-# main: two 128-token documents per 256-token microbatch, each across two segments.
-_DEBUG_MAIN_CORPUS = "doc_tokens=129,words=64"
+# The debug job's recall corpus, words from a pool of 64: one 65-token document per
+# 64-token row on 0.3; on main two 128-token documents per 256-token microbatch, each
+# across two segments.
+_DEBUG_CORPUS = "doc_tokens=129,words=64" if FOLDED else "doc_tokens=65,words=64"
 
 
 def seq1f1b_debug() -> Seq1F1BTrainer.Config:
@@ -68,7 +65,7 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
             warmup_steps=20, decay_ratio=0.2, decay_type="linear", min_lr_factor=0.0
         ),
         training=_debug_training(),
-        dataloader=_debug_data("train"),
+        dataloader=recall_loader("train", _DEBUG_CORPUS),
         metrics=Seq1F1BMetricsProcessor.Config(log_freq=5, enable_tensorboard=True),
         parallelism=_debug_parallelism(),
         seq1f1b=Seq1F1BSection(schedule="Seq1F1B", num_segments=4, partition="balanced"),
@@ -80,7 +77,7 @@ def seq1f1b_debug() -> Seq1F1BTrainer.Config:
         validator=Validator.Config(
             freq=50,
             steps=4,
-            dataloader=_debug_data("validation"),
+            dataloader=recall_loader("validation", _DEBUG_CORPUS),
         ),
         debug=DebugConfig(seed=0),
     )
@@ -102,17 +99,6 @@ def _debug_training() -> TrainingConfig:
             **common,
         )
     return TrainingConfig(local_batch_size=16, seq_len=64, **common)
-
-
-def _debug_data(split: str):
-    if FOLDED:
-        return GrainDataLoader.Config(
-            dataset=recall_dataset(_DEBUG_MAIN_CORPUS, split), repeat=split == "train"
-        )
-    name = "seq1f1b_recall" if split == "train" else "seq1f1b_recall_validation"
-    return HuggingFaceTextDataLoader.Config(
-        dataset=name, dataset_path=_DEBUG_CORPUS, infinite=split == "train"
-    )
 
 
 def _debug_parallelism() -> ParallelismConfig:

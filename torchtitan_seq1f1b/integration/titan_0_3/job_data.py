@@ -36,7 +36,13 @@ else:
         ImageTextDataLoader,
     )
 
-__all__ = ["data_problems", "dataset_name_and_path", "use_image_data", "use_recall_data"]
+__all__ = [
+    "data_problems",
+    "dataset_name_and_path",
+    "recall_loader",
+    "use_image_data",
+    "use_recall_data",
+]
 
 
 
@@ -52,29 +58,30 @@ def _recall_path(path: str | None) -> str | None:
     return path
 
 
+def recall_loader(split: str, corpus: str | None = None):
+    """The recall corpus' ``split`` ("train", repeated, or "validation", read once) as
+    the installed torchtitan's dataloader config; ``corpus``: :class:`RecallSpec`
+    overrides (``"doc_tokens=41,words=64"``), None for the defaults."""
+    train = split == "train"
+    if FOLDED:
+        return GrainDataLoader.Config(dataset=recall_dataset(corpus or "", split), repeat=train)
+    return HuggingFaceTextDataLoader.Config(
+        dataset=_TRAIN if train else _VALIDATION, dataset_path=corpus, infinite=train
+    )
+
+
 def use_recall_data(config: Trainer.Config) -> None:
     """Train and validate on the recall corpus, tokenized by the shipped tokenizer; a
     ``dataset_path`` that selects a recall corpus (``--dataloader.dataset_path
-    doc_tokens=41``) stays."""
+    doc_tokens=41``) stays (main has no such flag: its default corpus)."""
     config.hf_assets_path = str(TOKENIZER_DIR)
     # Plain: the shipped tokenizer has no image tokens for a multimodal one to find.
     config.tokenizer = HuggingFaceTokenizer.Config()
-    if FOLDED:  # main's dataset is no flag: the default corpus
-        config.dataloader = GrainDataLoader.Config(dataset=recall_dataset())
-        if config.validator is not None:
-            config.validator.dataloader = GrainDataLoader.Config(
-                dataset=recall_dataset(split="validation"), repeat=False
-            )
-        return
-    config.dataloader = HuggingFaceTextDataLoader.Config(
-        dataset=_TRAIN, dataset_path=_recall_path(config.dataloader.dataset_path)
-    )
+    own_path = getattr(config.dataloader, "dataset_path", None)
+    config.dataloader = recall_loader("train", _recall_path(own_path))
     if config.validator is not None:
-        config.validator.dataloader = HuggingFaceTextDataLoader.Config(
-            dataset=_VALIDATION,
-            dataset_path=_recall_path(config.validator.dataloader.dataset_path),
-            infinite=False,
-        )
+        own_path = getattr(config.validator.dataloader, "dataset_path", None)
+        config.validator.dataloader = recall_loader("validation", _recall_path(own_path))
 
 
 def use_image_data(config: Trainer.Config) -> None:

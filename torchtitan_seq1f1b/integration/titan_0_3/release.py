@@ -14,9 +14,9 @@ has ``[B, L]`` rows: ``training.local_batch_size`` rows of
 adapter reads is alike in both (docs/upstream.md, "torchtitan main").
 """
 
-from importlib.util import find_spec
-
 from torchtitan.config import ParallelismConfig, TrainingConfig
+
+from torchtitan_seq1f1b.integration import MAIN, titan_release
 
 __all__ = [
     "FOLDED",
@@ -27,8 +27,7 @@ __all__ = [
     "sequence_option",
 ]
 
-# Only main has the Grain data package (torchtitan_seq1f1b.integration.MAIN_ONLY_MODULE).
-FOLDED = find_spec("torchtitan.components.data") is not None
+FOLDED = titan_release() == MAIN
 # The sequence dim of tokens, labels, positions and stage activations.
 SEQ_DIM = 0 if FOLDED else 1
 
