@@ -61,7 +61,6 @@ __all__ = [
     "JOB_ROWS",
     "JOB_TOKENS",
     "JOB_TOKENS_OPTION",
-    "QWEN3_5_NOT_ON_MAIN",
     "RESUME_STEPS",
     "RankFailure",
     "Run",
@@ -521,7 +520,6 @@ VALIDATION_DATA_ARGS = (
     else ("--validator.dataloader.dataset_path", "doc_tokens=41,words=64")
 )
 # Why a titan_0_3_only test is not run on torchtitan main (docs/torchtitan-main.md).
-QWEN3_5_NOT_ON_MAIN = "qwen3_5's GatedDeltaNet moved to gdn.py (docs/torchtitan-main.md)"
 IMAGES_NOT_ON_MAIN = "main's multimodal collator packs pixel_values (docs/torchtitan-main.md)"
 # The resume tests' runs: resumed from step 2's checkpoint, the second of the two
 # steps after it runs on state the first updated after the resume.

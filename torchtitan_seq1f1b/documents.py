@@ -346,6 +346,26 @@ class MicrobatchDocuments:
         return document_starts(self.ids)
 
     @functools.cached_property
+    def single_tokens_merged(self) -> "MicrobatchDocuments":
+        """These documents with each one-token document but a row's first joined to the
+        one before it: a start must be followed by a token of its own document."""
+        last = self.plan.seq_len - 1
+        row_starts = [
+            tuple(s for s, following in zip(starts, (*starts[1:], None))
+                  if s == 0 or (s < last and following != s + 1))
+            for starts in self.row_starts
+        ]
+        if row_starts == self.row_starts:
+            return self
+        starts = torch.ones_like(self.ids, dtype=torch.bool)
+        starts[:, 1:] = self.ids[:, 1:] != self.ids[:, :-1]
+        followed = torch.ones_like(starts)
+        followed[:, :-1] = starts[:, 1:]
+        kept = starts & ~followed
+        kept[:, 0] = True
+        return MicrobatchDocuments(kept.cumsum(dim=1) - 1, self.plan, row_starts)
+
+    @functools.cached_property
     def keep_from(self) -> int:
         """First position a later segment reads back from the K/V store.
 

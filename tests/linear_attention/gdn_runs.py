@@ -70,9 +70,9 @@ def report_worst(families: list[str]) -> None:
             print(f"\n{family}: worst relative error {WORST[family]:.2e}")
 
 
-def make_layer(seed: int = 0) -> SegmentAwareGatedDeltaNet:
+def make_layer(seed: int = 0, config: GatedDeltaNetConfig = CONFIG) -> SegmentAwareGatedDeltaNet:
     """The tiny float64 layer, every parameter drawn from N(0, 0.5^2)."""
-    layer = SegmentAwareGatedDeltaNet(CONFIG).to(F64)
+    layer = SegmentAwareGatedDeltaNet(config).to(F64)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in layer.parameters():

@@ -11,10 +11,14 @@ with documents crossing cuts, starting at cuts and of 1 to 3 tokens. Split backw
 (every input-gradient step, then the weight-gradient steps) and activation
 checkpointing, whose recomputes (in every backward step) must read the carries and
 keep nothing again. Negative controls: the state, the conv tail or both reset at
-every segment must fail.
+every segment must fail. With ``merge_single_token_documents`` the layer restarts where
+torchtitan main's qwen3_5 does.
 """
 
+from dataclasses import replace
+
 import pytest
+import torch
 
 from torchtitan_seq1f1b.actions import Unit
 from torchtitan_seq1f1b.attention import bind_attention
@@ -26,6 +30,7 @@ from torchtitan_seq1f1b.linear_attention.carry import Carry, LayerCarries
 from tests.linear_attention.gdn_runs import (
     CONFIG,
     compare,
+    SEQ_LEN,
     document_ids,
     layer_inputs,
     make_layer,
@@ -53,6 +58,38 @@ def test_segments_equal_the_unsplit_layer(plan, documents):
     ids = document_ids() if documents else None
     expected = unsplit(layer, x, grad_out, ids)
     compare(segmented(layer, x, grad_out, PLANS[plan], ids), expected, FAMILIES[0])
+
+
+# One-token documents first in a row (kept), inside it, two in a row, at the cut at 5
+# and last in the row.
+SINGLE_TOKEN_DOCUMENTS = ((1, 3, 1, 1, 4, 1), (2, 1, 2, 1, 4, 1), (5, 1, 5))
+
+
+def main_restarts(ids: torch.Tensor) -> torch.Tensor:
+    """(rows, SEQ_LEN) ids of the documents main's qwen3_5 restarts its GatedDeltaNet at:
+    a row's first token, and each position 0 followed by a position 1."""
+    rows = []
+    for row in ids.tolist():
+        positions = [0 if t == 0 or row[t] != row[t - 1] else None for t in range(SEQ_LEN)]
+        for t in range(1, SEQ_LEN):
+            positions[t] = 0 if positions[t] == 0 else positions[t - 1] + 1
+        starts = [t == 0 or (positions[t] == 0 and t + 1 < SEQ_LEN and positions[t + 1] == 1)
+                  for t in range(SEQ_LEN)]
+        rows.append(torch.tensor(starts).cumsum(0) - 1)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("plan", ["k1", "k4"])
+def test_merged_single_token_documents_restart_where_main_does(plan):
+    """Segmented (k = 4) and whole rows, the merging layer on the ids equals the plain
+    layer on the ids main's rule gives; the plain layer on the ids does not."""
+    merging = make_layer(config=replace(CONFIG, merge_single_token_documents=True))
+    x, grad_out = layer_inputs()
+    ids = document_ids(SINGLE_TOKEN_DOCUMENTS)
+    expected = unsplit(make_layer(), x, grad_out, main_restarts(ids))
+    compare(segmented(merging, x, grad_out, PLANS[plan], ids), expected, FAMILIES[0])
+    compare(unsplit(merging, x, grad_out, ids), expected, FAMILIES[0])
+    assert rel_err(unsplit(make_layer(), x, grad_out, ids).out, expected.out) > 1e-2
 
 
 @pytest.mark.parametrize(

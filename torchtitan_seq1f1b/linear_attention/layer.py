@@ -41,7 +41,9 @@ __all__ = ["GatedDeltaNetConfig", "GatedRMSNorm", "SegmentAwareGatedDeltaNet"]
 class GatedDeltaNetConfig:
     """Shapes of a GatedDeltaNet layer (qwen3_5's ``debugmodel``: 256, 2, 4, 64, 64),
     and where its recurrence runs: ``recurrence_backend`` "auto", "fla" or "exact"
-    (:mod:`.backends`)."""
+    (:mod:`.backends`). With ``merge_single_token_documents`` a one-token packed
+    document continues the one before it (torchtitan main's qwen3_5, whose padding
+    tokens all sit at position 0)."""
 
     dim: int
     n_key_heads: int
@@ -51,6 +53,7 @@ class GatedDeltaNetConfig:
     conv_kernel_size: int = 4
     norm_eps: float = 1e-6
     recurrence_backend: str = "auto"
+    merge_single_token_documents: bool = False
 
     def __post_init__(self):
         if self.recurrence_backend not in ("auto", *RECURRENCE_BACKENDS):

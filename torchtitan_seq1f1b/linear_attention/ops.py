@@ -30,6 +30,7 @@ import torch
 
 from torchtitan_seq1f1b.attention import KernelTarget
 from torchtitan_seq1f1b.attention.binding import bound_to
+from torchtitan_seq1f1b.documents import MicrobatchDocuments
 from torchtitan_seq1f1b.kv_store import RunningUnit
 from torchtitan_seq1f1b.linear_attention.backends import check_recurrence_backend
 from torchtitan_seq1f1b.linear_attention.carry import LayerCarries
@@ -57,8 +58,19 @@ def _backend(handle: torch.Tensor, q: torch.Tensor):
     return check_recurrence_backend(layer.config.recurrence_backend, KernelTarget.of(q))
 
 
-def _segment_documents(running: RunningUnit | None):
-    return None if running is None else running.segment_documents
+def _documents(running: RunningUnit | None, handle: torch.Tensor) -> MicrobatchDocuments | None:
+    """The running microbatch's documents as the layer restarts its state at them."""
+    if running is None or running.documents is None:
+        return None
+    layer, _ = bound_to(handle, "a GatedDeltaNet op")
+    if layer.config.merge_single_token_documents:
+        return running.documents.single_tokens_merged
+    return running.documents
+
+
+def _segment_documents(running: RunningUnit | None, handle: torch.Tensor):
+    documents = _documents(running, handle)
+    return None if documents is None else documents.segment(running.unit.segment)
 
 
 def _last(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -66,7 +78,9 @@ def _last(x: torch.Tensor, n: int) -> torch.Tensor:
     return x[:, x.shape[1] - n :]
 
 
-def _document_positions(running: RunningUnit | None, like: torch.Tensor) -> torch.Tensor:
+def _document_positions(
+    running: RunningUnit | None, handle: torch.Tensor, like: torch.Tensor
+) -> torch.Tensor:
     """(B, L) int64: each token's index in its document; like: (B, L, ...) on the device.
 
     Without documents a row is one document, so this is the token's position.
@@ -74,9 +88,10 @@ def _document_positions(running: RunningUnit | None, like: torch.Tensor) -> torc
     batch, length = like.shape[:2]
     start = 0 if running is None else running.plan.offsets[running.unit.segment]
     positions = torch.arange(start, start + length, device=like.device)
-    if running is None or running.documents is None:
+    documents = _documents(running, handle)
+    if documents is None:
         return positions.expand(batch, length).contiguous()
-    return positions - running.documents.device_starts[:, start : start + length]
+    return positions - documents.device_starts[:, start : start + length]
 
 
 @torch.library.custom_op("seq1f1b::gdn_conv_tail", mutates_args=())
@@ -95,7 +110,7 @@ def conv_tail(x: torch.Tensor, handle: torch.Tensor, width: int) -> tuple[torch.
         # The window's last W - 1 rows: from its tail too when the segment is shorter than that.
         if carries.conv_tail.keep(segment + 1, _last(window, width - 1).clone()):
             store.record_peak()
-    return window, _document_positions(running, x)
+    return window, _document_positions(running, handle, x)
 
 
 @conv_tail.register_fake
@@ -167,7 +182,7 @@ def recurrence(
     carries, running, store = _carries(handle, q)
     initial = None if carries is None else carries.state.incoming(running.unit.segment)
     o, final = _backend(handle, q).forward(
-        q, k, v, g, beta, scale, initial, doc_positions, _segment_documents(running)
+        q, k, v, g, beta, scale, initial, doc_positions, _segment_documents(running, handle)
     )
     if carries is not None and running.unit.segment + 1 < running.plan.num_segments:
         if carries.state.keep(running.unit.segment + 1, final):
@@ -202,7 +217,7 @@ def recurrence_backward(
         grad_final = carries.state.take_grad(segment, segment + 1 == running.plan.num_segments)
     grads = _backend(handle, q).backward(
         grad_o, grad_final, q, k, v, g, beta, scale, initial, doc_positions,
-        _segment_documents(running),
+        _segment_documents(running, handle),
     )
     if carries is not None:
         carries.state.bank_grad(running.unit.segment, grads.initial_state)

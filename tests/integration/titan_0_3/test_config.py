@@ -33,7 +33,6 @@ from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
 
 from tests.harness import (
     IMAGES_NOT_ON_MAIN,
-    QWEN3_5_NOT_ON_MAIN,
     REPO,
     RunFailed,
     TEST_ARGS,
@@ -223,17 +222,16 @@ def qwen3_5_job(data: str = "recall") -> Seq1F1BTrainer.Config:
     return config
 
 
-def test_qwen3_5_and_images_on_torchtitan_main_are_refused_naming_why():
+def test_images_on_torchtitan_main_are_refused_naming_why():
     if not FOLDED:
-        pytest.skip("torchtitan 0.3 runs qwen3_5 (test_qwen3_5_trains_on_the_shipped_corpora)")
-    refusal = "on torchtitan main: main moved qwen3_5's GatedDeltaNet to qwen3_5/gdn.py"
-    assert refusal in problems_of(qwen3_5_job())
+        pytest.skip("torchtitan 0.3 runs images (test_qwen3_5_trains_on_the_shipped_corpora)")
     with pytest.raises(Seq1F1BConfigError, match="seq1f1b.data='images' needs torchtitan 0.3"):
         qwen3_5_job("images")
 
 
-@pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
-@pytest.mark.parametrize("data", ["recall", "images"])
+@pytest.mark.parametrize(
+    "data", ["recall", pytest.param("images", marks=pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN))]
+)
 def test_qwen3_5_trains_on_the_shipped_corpora(data):
     config = qwen3_5_job(data)
     assert config.model_spec.name == "qwen3_5" and config.seq1f1b.schedule == "Seq1F1B"
@@ -275,7 +273,6 @@ def test_kimi_configs_name_torchtitans_own_refusal():
     ],
     ids=["context_parallel", "tensor_parallel"],
 )
-@pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
 def test_qwen3_5_refusals_name_the_option(change, message):
     config = qwen3_5_job()
     change(config)
@@ -297,7 +294,6 @@ def test_images_under_context_parallelism_are_refused(data):
     ) in problems_of(config)
 
 
-@pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
 def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
     with pytest.raises(RunFailed) as failure:
         torchrun(

@@ -25,14 +25,12 @@ import pytest
 from tests.harness import (
     assert_same_training,
     largest_difference,
-    QWEN3_5_NOT_ON_MAIN,
+    IMAGES_NOT_ON_MAIN,
     TORCHTITAN_RTOL,
 )
 from tests.integration.titan_0_3 import segment_local_images, smaller_vocab
 from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
 from tests.integration.titan_0_3.test_torchtitan import seq1f1b_args
-
-pytestmark = pytest.mark.titan_0_3_only(QWEN3_5_NOT_ON_MAIN)
 
 # One data-parallel rank, no TP or EP: the MoE config asks for 8 ranks.
 SINGLE_RANK_PER_STAGE = (
@@ -46,10 +44,12 @@ MODELS = {
     # The synthetic image-text corpus: two images a row, encoded on the first stage.
     "images": ("qwen35_debugmodel", ("--seq1f1b.data", "images")),
 }
+IMAGES = pytest.param("images", marks=pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN))
+FLAVOURS = [IMAGES if name == "images" else name for name in MODELS]
 PIPELINED = ("--parallelism.pipeline_parallel_degree", "2")
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=FLAVOURS)
 def qwen_run(request, tmp_path_factory):
     config, job_args = MODELS[request.param]
     run = seeded_runner(
@@ -77,7 +77,7 @@ def test_seq1f1b_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
     _assert_matches(qwen_run, pipelined, qwen_unpipelined, "Seq1F1B")
 
 
-@pytest.mark.parametrize("qwen_run", ["images"], indirect=True)
+@pytest.mark.parametrize("qwen_run", [IMAGES], indirect=True)
 def test_segment_local_image_rows_fail(qwen_run, qwen_unpipelined):
     """Negative control: each segment's image tokens numbered from its own first one."""
     broken = qwen_run(
@@ -105,7 +105,7 @@ def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
      ("Seq1F1BZBV", ("activation_checkpoint:none",))],
     ids=["zero_bubble_full_ac", "zbv"],
 )
-@pytest.mark.parametrize("qwen_run", ["dense", "images"], indirect=True)
+@pytest.mark.parametrize("qwen_run", ["dense", IMAGES], indirect=True)
 def test_split_backward_pp2_matches_unpipelined(
     qwen_run, qwen_unpipelined, schedule, more_args
 ):

@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""torchtitan 0.3's qwen3_5 GatedDeltaNet layers made segment-aware.
+"""torchtitan's qwen3_5 GatedDeltaNet layers (0.3 and main) made segment-aware.
 
 qwen3_5's ``GatedDeltaNet`` runs fla's Triton kernels from a zero state and
 drops the final one, so a segment could not continue the one before it (and
@@ -10,6 +10,8 @@ nothing of it runs on CPU). :func:`convert_gated_delta_nets` swaps each for a
 :mod:`torchtitan_seq1f1b.linear_attention` (its plain-torch recurrence and
 conv), made of the original's modules and parameters, so torchtitan's
 checkpoints, state-dict adapter, initialisation and sharding see the same layer.
+On main the layer lives in ``qwen3_5/gdn.py``, takes a folded ``(T, dim)``
+batch, and starts a document only at a position 0 followed by a 1.
 """
 
 import sys
@@ -28,7 +30,9 @@ __all__ = [
     "is_gated_delta_net",
 ]
 
-QWEN3_5_MODEL = "torchtitan.models.qwen3_5.model"
+QWEN3_5_MODEL = "torchtitan.models.qwen3_5.gdn" if FOLDED else "torchtitan.models.qwen3_5.model"
+# fla's kernel: a child on 0.3, inside the inner module on main; the segment-aware ops replace it.
+FLA_CHILDREN = ("kernel", "inner_gated_delta_net")
 
 
 def _torchtitan_class() -> type | None:
@@ -65,14 +69,16 @@ class Qwen35GatedDeltaNet(SegmentAwareGatedDeltaNet, Module):
             n_value_heads=original.in_proj_v.out_features // original.value_head_dim,
             key_head_dim=original.key_head_dim,
             value_head_dim=original.value_head_dim,
-            conv_kernel_size=original.conv_kernel_size,
+            conv_kernel_size=original.conv_q.weight.shape[-1],
             norm_eps=original.norm.eps,
+            # main's qwen3_5 resets its state only where a position 0 is followed by a 1.
+            merge_single_token_documents=FOLDED,
         )
         # Built where the original lives: the handle buffer must be on its device.
         with torch.device(original.A_log.device):
             layer = cls(config)
         for name, child in original.named_children():
-            if name != "kernel":  # fla's; the segment-aware ops replace it
+            if name not in FLA_CHILDREN:
                 setattr(layer, name, child)
         layer.A_log, layer.dt_bias = original.A_log, original.dt_bias
         layer._param_init = original._param_init
@@ -92,24 +98,27 @@ class Qwen35GatedDeltaNet(SegmentAwareGatedDeltaNet, Module):
         """Called as qwen3_5's block calls its GatedDeltaNet.
 
         Args:
-            x_BLD: (batch, seq_len, dim), the running segment's tokens.
+            x_BLD: (batch, seq_len, dim), the running segment's tokens; on
+                torchtitan main (seq_len, dim), one folded row.
             attention_masks: must be None: document ids reach the layer
                 through the schedule or ``bind_documents``, not as masks.
 
         Returns:
-            (batch, seq_len, dim)
+            x_BLD's shape.
         """
         if attention_masks is not None:
             raise ValueError(
                 "segment-aware GatedDeltaNet got attention_masks; its model's document ids "
                 "must go to a Seq1F1B schedule's document_ids_kwarg or to bind_documents"
             )
+        if FOLDED:
+            return super().forward(x_BLD.unsqueeze(0)).squeeze(0)
         return super().forward(x_BLD)
 
 
 def convert_gated_delta_nets(model: nn.Module) -> int:
     """Replace every qwen3_5 GatedDeltaNet block mixer (``layers.<i>.attn``) of a
-    torchtitan 0.3 decoder (or pipeline part) in place; returns how many."""
+    torchtitan 0.3 or main decoder (or pipeline part) in place; returns how many."""
     original = _torchtitan_class()
     if original is None:
         return 0
@@ -129,12 +138,6 @@ def gated_delta_net_problems(model_config, tp: int, cp: int) -> list[str]:
               if getattr(layer, "delta_net", None) is not None]
     if not layers:
         return []
-    if FOLDED:
-        return [
-            f"GatedDeltaNet layers {layers} on torchtitan main: main moved qwen3_5's "
-            "GatedDeltaNet to qwen3_5/gdn.py, which the segment-aware replacement does not "
-            "read yet (docs/torchtitan-main.md); run qwen3_5 jobs on torchtitan 0.3"
-        ]
     problems = []
     if cp > 1:
         problems.append(
