@@ -81,18 +81,18 @@ TEST_ARGS_MAIN = (
 TEST_ARGS = {"0.3": TEST_ARGS_0_3, MAIN: TEST_ARGS_MAIN}.get(titan_release(), TEST_ARGS_0_2)
 
 
-def unpipelined_args(dp: int = 1) -> tuple[str, ...]:
-    """The flags that make the debug job (at ``dp`` data-parallel ranks) its non-pipelined
-    reference: PP 1 and, on main, where a step without PP is one microbatch, the pipelined
-    step's tokens by gradient accumulation."""
+def unpipelined_args(dp: int = 1, config: str = "seq1f1b_debug") -> tuple[str, ...]:
+    """The flags that make a job of ``config`` (a ``--module torchtitan_seq1f1b`` config
+    name, at ``dp`` data-parallel ranks) its non-pipelined reference: PP 1 and, on main,
+    where a step without PP is one microbatch, the pipelined step's tokens by gradient
+    accumulation."""
     if titan_release() != MAIN:
         return ("--parallelism.pipeline_parallel_degree", "1")
-    from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
+    from torchtitan_seq1f1b.integration.titan_0_3 import config_registry
 
-    debug = seq1f1b_debug()
+    job = getattr(config_registry, config)()
     step_tokens = (
-        debug.training.num_tokens_per_microbatch_per_dp_rank
-        * debug.parallelism.num_pp_microbatches
+        job.training.num_tokens_per_microbatch_per_dp_rank * job.parallelism.num_pp_microbatches
     )
     return (
         "--parallelism.pipeline_parallel_degree", "1",

@@ -17,6 +17,7 @@ from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel_mtp
 from torchtitan.tools import utils
 
+from torchtitan_seq1f1b.data import TOKENIZER_DIR
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
@@ -227,6 +228,14 @@ def test_images_on_torchtitan_main_are_refused_naming_why():
         pytest.skip("torchtitan 0.3 runs images (test_qwen3_5_trains_on_the_shipped_corpora)")
     with pytest.raises(Seq1F1BConfigError, match="seq1f1b.data='images' needs torchtitan 0.3"):
         qwen3_5_job("images")
+    own_images = ConfigManager().parse_args([
+        "--module", "torchtitan_seq1f1b", "--config", "qwen35_debugmodel",
+        "--hf_assets_path", str(TOKENIZER_DIR), "--parallelism.pipeline_parallel_degree", "2",
+    ])
+    assert (
+        "images for 'qwen3_5' on torchtitan main: its multimodal collator packs a step's "
+        "images in one row"
+    ) in problems_of(own_images)
 
 
 @pytest.mark.parametrize(
@@ -303,7 +312,8 @@ def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
         )
     output = failure.value.output
     assert output.count("Seq1F1BConfigError: Seq1F1B cannot run this job") >= 2
-    for message in ("context_parallel_degree=2 with images", "context_parallel_degree=2 with GatedDeltaNet"):
+    images = "images for 'qwen3_5' on torchtitan main" if FOLDED else "context_parallel_degree=2 with images"
+    for message in (images, "context_parallel_degree=2 with GatedDeltaNet"):
         assert output.count(message) >= 2
     assert "Training starts" not in output
 

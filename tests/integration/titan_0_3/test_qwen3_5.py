@@ -27,6 +27,7 @@ from tests.harness import (
     largest_difference,
     IMAGES_NOT_ON_MAIN,
     TORCHTITAN_RTOL,
+    unpipelined_args,
 )
 from tests.integration.titan_0_3 import segment_local_images, smaller_vocab
 from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
@@ -56,12 +57,13 @@ def qwen_run(request, tmp_path_factory):
         tmp_path_factory, request.param, config, 3, job_args, (smaller_vocab.__name__,)
     )
     run.moe = request.param == "moe"
+    run.config = config
     return run
 
 
 @pytest.fixture(scope="module")
 def qwen_unpipelined(qwen_run):
-    return qwen_run(1, "--parallelism.pipeline_parallel_degree", "1", name="unpipelined")
+    return qwen_run(1, *unpipelined_args(config=qwen_run.config), name="unpipelined")
 
 
 def _assert_matches(qwen_run, run, reference, schedule: str) -> None:

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 from torchtitan_seq1f1b.vision import image_feature_index, SegmentAwareImageScatter
 
 __all__ = [
@@ -110,15 +111,25 @@ def text_only_inputs(parallelize_fn):
 
 def brings_images(dataloader) -> bool:
     """Whether a dataloader config's batches hold images: torchtitan's multimodal
-    dataloader's or the shipped image-text corpus'."""
+    dataloader's (on main: its multimodal collator's) or the shipped image-text corpus'."""
     module = type(dataloader).__module__
-    return module.startswith("torchtitan.hf_datasets.multimodal") or module == IMAGE_DATA_MODULE
+    if module.startswith(MULTIMODAL_MODULE) or module == IMAGE_DATA_MODULE:
+        return True
+    return type(getattr(dataloader, "collator", None)).__module__.startswith(MULTIMODAL_MODULE)
 
 
 def vision_problems(model_name: str, dataloader, cp: int) -> list[str]:
     """Why a Seq1F1B job of ``model_name`` cannot read ``dataloader``'s images at CP
     degree ``cp``."""
-    if cp == 1 or not brings_images(dataloader):
+    if not brings_images(dataloader):
+        return []
+    if FOLDED:
+        return [
+            f"images for {model_name!r} on torchtitan main: its multimodal collator packs a "
+            "step's images in one row, which Seq1F1B does not cut yet "
+            "(docs/torchtitan-main.md); train on text (--seq1f1b.data recall)"
+        ]
+    if cp == 1:
         return []
     return [
         f"parallelism.context_parallel_degree={cp} with images for {model_name!r}: the "
@@ -128,6 +139,7 @@ def vision_problems(model_name: str, dataloader, cp: int) -> list[str]:
 
 
 IMAGE_DATA_MODULE = "torchtitan_seq1f1b.integration.titan_0_3.image_dataloader"
+MULTIMODAL_MODULE = "torchtitan.hf_datasets.multimodal"
 # Whole-batch image inputs: not cut with the segments, whatever their shapes.
 IMAGE_KWARGS = ("pixel_values", "grid_thw", "pixel_values_videos", "grid_thw_videos")
 # special_tokens' key carrying the segment's feature rows into the embedding step.
