@@ -57,7 +57,7 @@ __all__ = [
     "HEADS",
     "PLANS",
     "REPO",
-    "IMAGES_NOT_ON_MAIN",
+    "KIMI_IMAGES_NOT_ON_MAIN",
     "JOB_ROWS",
     "JOB_TOKENS",
     "JOB_TOKENS_OPTION",
@@ -520,7 +520,7 @@ VALIDATION_DATA_ARGS = (
     else ("--validator.dataloader.dataset_path", "doc_tokens=41,words=64")
 )
 # Why a titan_0_3_only test is not run on torchtitan main (docs/torchtitan-main.md).
-IMAGES_NOT_ON_MAIN = "main's multimodal collator packs pixel_values (docs/torchtitan-main.md)"
+KIMI_IMAGES_NOT_ON_MAIN = "kimi's images are not ported to torchtitan main (docs/torchtitan-main.md)"
 # The resume tests' runs: resumed from step 2's checkpoint, the second of the two
 # steps after it runs on state the first updated after the resume.
 RESUME_STEPS = ("--training.steps", "4")

@@ -181,7 +181,7 @@ class ScheduleSeq1F1B(PipelineRuntime):
         self._unit_scope = UnitComputeScope(
             segment_plan, self.kv_stores, seq_dim, context_parallel
         )
-        self._input_check = InputCheck(type(self).__name__)
+        self._input_check = InputCheck(type(self).__name__, frozenset(whole_kwargs))
         for stage in stages:
             wrap_stage_compute(stage, self._unit_scope)
 

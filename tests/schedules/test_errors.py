@@ -18,6 +18,8 @@ from torchtitan_seq1f1b import (
 )
 from torchtitan_seq1f1b._torch_compat import ALLOW_UNTESTED_ENV, check_torch_version
 from torchtitan_seq1f1b.examples.tiny_transformer import token_sum_cross_entropy
+from torchtitan_seq1f1b.stepping.microbatch_inputs import MicrobatchInputs
+from torchtitan_seq1f1b.stepping.rank_errors import input_signature
 
 from tests.harness import Case, RankFailure, run_ranks
 
@@ -210,3 +212,22 @@ def test_an_input_changed_at_a_later_step_fails_naming_it_without_hanging():
     assert "the pipeline's buffers are sized at the first call" in failure.value.errors[0]
     # Only rank 0 could tell; rank 1 fails when rank 0's process leaves, as under torchrun.
     assert set(failure.value.errors) == {0, 1}
+
+
+def test_inputs_passed_whole_may_change_shape_but_not_dtype_or_rank():
+    """A VLM's images (``whole_kwargs``) differ in count per microbatch and step; every
+    unit takes them uncut, so no buffer depends on their shape. Cut inputs must keep theirs."""
+
+    def signature(pixels: torch.Tensor, positions: torch.Tensor):
+        inputs = MicrobatchInputs(
+            args=[()], kwargs=[{"pixel_values": pixels, "positions": positions}],
+            targets=None, document_ids=None,
+        )
+        return input_signature(inputs, frozenset({"pixel_values"}))
+
+    positions = torch.arange(12)[None]
+    first = signature(torch.zeros(24, 6), positions)
+    assert signature(torch.zeros(32, 6), positions) == first
+    assert signature(torch.zeros(32, 6, dtype=torch.float64), positions) != first
+    assert signature(torch.zeros(32, 6, 1), positions) != first
+    assert signature(torch.zeros(24, 6), torch.arange(13)[None]) != first

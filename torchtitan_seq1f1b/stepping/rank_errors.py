@@ -11,8 +11,9 @@ activations that never come. So the first ``step()`` and the first
 reaches whatever its inputs. Later calls decide from what each rank already
 knows: the document ids go to every rank, so an error in them is raised by
 every rank alike; an input only this rank holds must keep the shapes it had
-at its first call (the stages' buffers are sized then), and this rank raises
-if it does not: torchrun then stops the job.
+at its first call (the stages' buffers are sized then; inputs every segment
+takes whole, such as a VLM's images, keep their dtype and rank), and this rank
+raises if it does not: torchrun then stops the job.
 """
 
 from dataclasses import dataclass, field
@@ -28,16 +29,20 @@ __all__ = ["InputCheck"]
 Signature = tuple
 
 
-def input_signature(inputs: MicrobatchInputs) -> Signature:
-    """Shapes and dtypes of every tensor this rank passed, per microbatch."""
+def input_signature(
+    inputs: MicrobatchInputs, whole_kwargs: frozenset[str] = frozenset()
+) -> Signature:
+    """Shapes and dtypes of every tensor this rank passed, per microbatch; of the
+    ``whole_kwargs`` (a VLM's images, a number per microbatch) dtypes and ranks only:
+    every unit takes them uncut, so they size no buffer."""
 
-    def of(value):
+    def of(value, whole: bool = False):
         if isinstance(value, torch.Tensor):
-            return tuple(value.shape), value.dtype
+            return (value.dim() if whole else tuple(value.shape)), value.dtype
         if isinstance(value, (tuple, list)):
             return tuple(of(v) for v in value)
         if isinstance(value, dict):
-            return tuple((k, of(v)) for k, v in sorted(value.items()))
+            return tuple((k, of(v, k in whole_kwargs)) for k, v in sorted(value.items()))
         return type(value).__name__
 
     return of((inputs.args, inputs.kwargs, inputs.targets, inputs.document_ids))
@@ -48,13 +53,14 @@ class InputCheck:
     """Raises a step's input error on the ranks that must know it (see the module)."""
 
     schedule: str
+    whole_kwargs: frozenset[str] = frozenset()
     _checked: dict[bool, Signature] = field(default_factory=dict)
 
     def __call__(
         self, stage: _PipelineStageBase, has_backward: bool, inputs: MicrobatchInputs | str
     ) -> None:
         error = inputs if isinstance(inputs, str) else None
-        signature = None if error else input_signature(inputs)
+        signature = None if error else input_signature(inputs, self.whole_kwargs)
         name = f"{self.schedule}.{'step' if has_backward else 'eval'}"
         if has_backward not in self._checked:
             has_ids = error is None and inputs.document_ids is not None

@@ -17,7 +17,6 @@ from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel_mtp
 from torchtitan.tools import utils
 
-from torchtitan_seq1f1b.data import TOKENIZER_DIR
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.config_checks import check_config
 from torchtitan_seq1f1b.integration.titan_0_3.config_registry import seq1f1b_debug
@@ -31,9 +30,10 @@ from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import (
     torchtitan_config_names,
 )
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
+from torchtitan_seq1f1b.integration.titan_0_3.vision_language import vision_problems
 
 from tests.harness import (
-    IMAGES_NOT_ON_MAIN,
+    KIMI_IMAGES_NOT_ON_MAIN,
     REPO,
     RunFailed,
     TEST_ARGS,
@@ -223,40 +223,44 @@ def qwen3_5_job(data: str = "recall") -> Seq1F1BTrainer.Config:
     return config
 
 
-def test_images_on_torchtitan_main_are_refused_naming_why():
-    if not FOLDED:
-        pytest.skip("torchtitan 0.3 runs images (test_qwen3_5_trains_on_the_shipped_corpora)")
-    with pytest.raises(Seq1F1BConfigError, match="seq1f1b.data='images' needs torchtitan 0.3"):
-        qwen3_5_job("images")
-    own_images = ConfigManager().parse_args([
-        "--module", "torchtitan_seq1f1b", "--config", "qwen35_debugmodel",
-        "--hf_assets_path", str(TOKENIZER_DIR), "--parallelism.pipeline_parallel_degree", "2",
-    ])
-    assert (
-        "images for 'qwen3_5' on torchtitan main: its multimodal collator packs a step's "
-        "images in one row"
-    ) in problems_of(own_images)
-
-
-@pytest.mark.parametrize(
-    "data", ["recall", pytest.param("images", marks=pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN))]
-)
+@pytest.mark.parametrize("data", ["recall", "images"])
 def test_qwen3_5_trains_on_the_shipped_corpora(data):
     config = qwen3_5_job(data)
     assert config.model_spec.name == "qwen3_5" and config.seq1f1b.schedule == "Seq1F1B"
     check_config(config)
 
 
-@pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
+def _vision(config):
+    """The image corpus' vision settings of a job that trains on it."""
+    loader = config.dataloader
+    return loader.dataset.vision if FOLDED else loader.vision
+
+
 def test_the_image_corpus_takes_the_models_vision_settings():
-    qwen = qwen3_5_job("images").dataloader.vision
+    qwen = _vision(qwen3_5_job("images"))
     assert (qwen.patch_size, qwen.temporal_patch_size, qwen.patch_order) == (16, 2, "block")
     assert qwen.build_mrope_positions and not qwen.shared_placeholder
+
+
+@pytest.mark.titan_0_3_only(KIMI_IMAGES_NOT_ON_MAIN)
+def test_the_image_corpus_takes_kimis_vision_settings():
     kimi = import_registry("kimi_k2_7", "kimi_k2_5_debugmodel").kimi_k2_5_debugmodel()
     use_image_data(kimi)
-    loader = kimi.dataloader.vision
+    loader = _vision(kimi)
     assert (loader.patch_size, loader.temporal_patch_size, loader.patch_order) == (14, 1, "raster")
     assert not loader.build_mrope_positions and loader.shared_placeholder
+
+
+def test_kimi_images_on_torchtitan_main_are_refused_naming_why():
+    if not FOLDED:
+        pytest.skip("torchtitan 0.3 runs kimi's images (test_models.py)")
+    kimi = import_registry("kimi_k2_7", "kimi_k2_5_debugmodel").kimi_k2_5_debugmodel()
+    assert "images for 'kimi_k2_5' on torchtitan main: kimi's image path is not ported" in (
+        " ".join(vision_problems("kimi_k2_5", kimi.dataloader, cp=1))
+    )
+    with pytest.raises(Seq1F1BConfigError, match="seq1f1b.data='images' with kimi_k2_5 needs "
+                       "torchtitan 0.3"):
+        use_image_data(kimi)
 
 
 @pytest.mark.titan_0_3_only("kimi_k2_5's configs are checked on 0.3")
@@ -288,7 +292,6 @@ def test_qwen3_5_refusals_name_the_option(change, message):
     assert message in problems_of(config)
 
 
-@pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
 @pytest.mark.parametrize("data", ["config", "images"])
 def test_images_under_context_parallelism_are_refused(data):
     config = qwen3_5_job("images")
@@ -312,8 +315,7 @@ def test_qwen3_5_refusals_fail_on_every_rank_before_training(tmp_path):
         )
     output = failure.value.output
     assert output.count("Seq1F1BConfigError: Seq1F1B cannot run this job") >= 2
-    images = "images for 'qwen3_5' on torchtitan main" if FOLDED else "context_parallel_degree=2 with images"
-    for message in (images, "context_parallel_degree=2 with GatedDeltaNet"):
+    for message in ("context_parallel_degree=2 with images", "context_parallel_degree=2 with GatedDeltaNet"):
         assert output.count(message) >= 2
     assert "Training starts" not in output
 

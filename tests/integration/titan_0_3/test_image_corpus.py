@@ -1,8 +1,9 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""The synthetic image-text corpus: batches as torchtitan 0.3's multimodal dataloader
-yields them for qwen3_5 (the models train on it in test_qwen3_5.py and test_models.py)."""
+"""The synthetic image-text corpus: batches as the installed torchtitan's multimodal
+dataloader yields them for qwen3_5, rows (B, T) on 0.3, one packed row (B * T,) on
+main (the models train on it in test_qwen3_5.py and test_models.py)."""
 
 import dataclasses
 
@@ -12,13 +13,17 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.models.common.multimodal import get_vision_positions
 
 from torchtitan_seq1f1b.integration.titan_0_3.image_corpus import ImageTextSpec, image_text_batch, image_text_row
-
-from tests.harness import IMAGES_NOT_ON_MAIN
-
-pytestmark = pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 
 SPEC = ImageTextSpec(seq_len=64)
 INDICES = [0, 1, 2, 3]
+# The batch's token shape: main packs its rows into one.
+TOKENS = (len(INDICES) * SPEC.seq_len,) if FOLDED else (len(INDICES), SPEC.seq_len)
+
+
+def _row(inputs: dict, i: int) -> torch.Tensor:
+    """Row i's input tokens in a batch."""
+    return inputs["input"][i * SPEC.seq_len:(i + 1) * SPEC.seq_len] if FOLDED else inputs["input"][i]
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +36,19 @@ def test_shapes_and_dtypes(batch):
     n = len(INDICES) * SPEC.images_per_row
     patch_dim = 3 * SPEC.vision.temporal_patch_size * SPEC.vision.patch_size**2
     max_patches = max(h * w for h, w in SPEC.grids)
-    assert inputs["input"].shape == labels.shape == (len(INDICES), SPEC.seq_len)
-    assert inputs["positions"].shape == (len(INDICES), SPEC.seq_len)
+    assert inputs["input"].shape == labels.shape == inputs["positions"].shape == TOKENS
     assert inputs["input"].dtype == labels.dtype == torch.int64
     assert inputs["pixel_values"].dtype == torch.float32
-    assert inputs["pixel_values"].shape[0] == n and inputs["pixel_values"].shape[2] == patch_dim
-    assert inputs["pixel_values"].shape[1] <= max_patches
-    assert inputs["pixel_values"].shape[1] % SPEC.vision.spatial_merge_size**2 == 0
+    assert inputs["pixel_values"].shape[-1] == patch_dim
+    if FOLDED:  # every image's patches, packed
+        assert inputs["pixel_values"].shape[0] == inputs["grid_thw"].prod(-1).sum()
+    else:
+        assert inputs["pixel_values"].shape[0] == n
+        assert inputs["pixel_values"].shape[1] <= max_patches
+        assert inputs["pixel_values"].shape[1] % SPEC.vision.spatial_merge_size**2 == 0
     assert inputs["grid_thw"].shape == (n, 3) and inputs["grid_thw"].dtype == torch.int64
     assert (inputs["grid_thw"][:, 0] == 1).all()  # one frame, padded to temporal_patch_size
-    assert inputs["mrope_positions"].shape == (len(INDICES), SPEC.seq_len, 3)
+    assert inputs["mrope_positions"].shape == (*TOKENS, 3)
     assert inputs["mrope_positions"].dtype == torch.int64
     assert inputs["pixel_values_videos"] is None and inputs["grid_thw_videos"] is None
     assert inputs["special_tokens"]["image_id"] == SPEC.special_tokens["image_id"]
@@ -62,7 +70,8 @@ def test_mrope_positions_of_text_and_images(batch):
     # Text tokens share one position on all three axes; image tokens span a grid.
     assert (mrope[~image] == mrope[~image][:, :1]).all()
     assert (mrope[image][:, 1:] != mrope[image][:, :1]).any()
-    assert (mrope[:, 0] == 0).all()
+    # Every row starts at 0 (main restarts them where a packed row's document starts).
+    assert (mrope.view(len(INDICES), SPEC.seq_len, 3)[:, 0] == 0).all()
 
 
 def test_deterministic_and_row_wise():
@@ -72,7 +81,7 @@ def test_deterministic_and_row_wise():
         assert torch.equal(first[key], again[key])
     # Row 2 does not depend on its batch: DP sharding and resumption see the same row.
     alone, _ = image_text_batch(SPEC, [2])
-    assert torch.equal(alone["input"][0], first["input"][2])
+    assert torch.equal(_row(alone, 0), _row(first, 2))
     other, _ = image_text_batch(dataclasses.replace(SPEC, seed=1), INDICES)
     assert not torch.equal(other["input"], first["input"])
 
@@ -83,7 +92,8 @@ def test_chunk_ends_name_their_images_colour():
     palette = SPEC.palette()
     for index in INDICES:
         row = image_text_row(SPEC, index)
-        tokens = row["input_ids"]
+        # The whole chunk: main's sample is shifted, its last token the last label.
+        tokens = torch.cat([row["input_ids"], row["labels"][-1:]]) if FOLDED else row["input_ids"]
         starts = (tokens == SPEC.special_tokens["vision_start_id"]).nonzero().flatten().tolist()
         ends = [*starts[1:], len(tokens)]
         for end, image in zip(ends, row["pixel_values"], strict=True):

@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 
 from tests.harness import (
     assert_same_training,
-    IMAGES_NOT_ON_MAIN,
+    KIMI_IMAGES_NOT_ON_MAIN,
     RunFailed,
     TEST_ARGS,
     torchrun,
@@ -111,12 +111,12 @@ def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
     return run
 
 
-IMAGES_ON_MAIN = pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN)
+KIMI_IMAGES = pytest.mark.titan_0_3_only(KIMI_IMAGES_NOT_ON_MAIN)
 
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param(m, marks=[IMAGES_ON_MAIN] * (m == "kimi_k2_5")) for m in MODELS],
+    params=[pytest.param(m, marks=[KIMI_IMAGES] * (m == "kimi_k2_5")) for m in MODELS],
 )
 def model_run(request, tmp_path_factory):
     """run(nproc, *args, name): a short run of the model's config from its seed

@@ -25,10 +25,11 @@ import pytest
 from tests.harness import (
     assert_same_training,
     largest_difference,
-    IMAGES_NOT_ON_MAIN,
     TORCHTITAN_RTOL,
     unpipelined_args,
 )
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
+
 from tests.integration.titan_0_3 import segment_local_images, smaller_vocab
 from tests.integration.titan_0_3.test_models import assert_same_expert_biases, seeded_runner
 from tests.integration.titan_0_3.test_torchtitan import seq1f1b_args
@@ -43,10 +44,11 @@ MODELS = {
     "dense": ("qwen35_debugmodel", ()),
     "moe": ("qwen35_debugmodel_moe", SINGLE_RANK_PER_STAGE),
     # The synthetic image-text corpus: two images a row, encoded on the first stage.
-    "images": ("qwen35_debugmodel", ("--seq1f1b.data", "images")),
+    # On main, 128-token documents as on 0.3: four to a packed 512-token microbatch.
+    "images": ("qwen35_debugmodel", ("--seq1f1b.data", "images",
+                                     *(("--training.max_context_length", "128") * FOLDED))),
 }
-IMAGES = pytest.param("images", marks=pytest.mark.titan_0_3_only(IMAGES_NOT_ON_MAIN))
-FLAVOURS = [IMAGES if name == "images" else name for name in MODELS]
+FLAVOURS = list(MODELS)
 PIPELINED = ("--parallelism.pipeline_parallel_degree", "2")
 
 
@@ -79,7 +81,7 @@ def test_seq1f1b_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
     _assert_matches(qwen_run, pipelined, qwen_unpipelined, "Seq1F1B")
 
 
-@pytest.mark.parametrize("qwen_run", [IMAGES], indirect=True)
+@pytest.mark.parametrize("qwen_run", ["images"], indirect=True)
 def test_segment_local_image_rows_fail(qwen_run, qwen_unpipelined):
     """Negative control: each segment's image tokens numbered from its own first one."""
     broken = qwen_run(
@@ -107,7 +109,7 @@ def test_interleaved_pp2_matches_unpipelined(qwen_run, qwen_unpipelined):
      ("Seq1F1BZBV", ("activation_checkpoint:none",))],
     ids=["zero_bubble_full_ac", "zbv"],
 )
-@pytest.mark.parametrize("qwen_run", ["dense", IMAGES], indirect=True)
+@pytest.mark.parametrize("qwen_run", ["dense", "images"], indirect=True)
 def test_split_backward_pp2_matches_unpipelined(
     qwen_run, qwen_unpipelined, schedule, more_args
 ):

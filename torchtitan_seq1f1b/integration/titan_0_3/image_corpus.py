@@ -10,13 +10,16 @@ random filler words, the colour's word at the chunk's end. The colour word
 can only be predicted by looking back at the image, a chunk's length away,
 so under Seq1F1B it often needs an earlier segment's image features.
 
-Rows are made from (seed, index) and batched by torchtitan 0.3's own
+Rows are made from (seed, index) and batched by the installed torchtitan's own
 ``MultiModalCollator`` (patches in the model's order, padding, MRoPE positions),
-so a batch is what its multimodal dataloader yields for qwen3_5: ``input``
-(B, T), ``positions`` (B, T), ``pixel_values`` (N, max_patches,
+so a batch is what its multimodal dataloader yields for qwen3_5. On torchtitan
+0.3: ``input`` (B, T), ``positions`` (B, T), ``pixel_values`` (N, max_patches,
 3 * temporal_patch_size * patch_size**2), ``grid_thw`` (N, 3),
-``mrope_positions`` (B, T, 3), ``special_tokens``, and labels (B, T); for
-kimi_k2_5 patches in raster order, no MRoPE and one placeholder id.
+``mrope_positions`` (B, T, 3), ``special_tokens``, and labels (B, T). On main,
+whose collator packs whole samples into one row and does not shift: ``input``,
+``positions`` and labels (T,), ``pixel_values`` (num_patches, patch_dim),
+``mrope_positions`` (T, 3). For kimi patches in raster order, no MRoPE and one
+placeholder id.
 """
 
 import dataclasses
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 from torchtitan.components.loss import IGNORE_INDEX
 
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 from torchtitan_seq1f1b.integration.titan_0_3.vision_language import torchvision_stand_in
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "VisionSettings",
     "image_text_batch",
     "image_text_collator",
+    "image_text_context",
     "image_text_row",
 ]
 
@@ -126,11 +131,12 @@ class _Tokenizer:
 
 
 def image_text_row(spec: ImageTextSpec, index: int) -> dict[str, Any]:
-    """Row ``index`` as a torchtitan multimodal sample.
+    """Row ``index`` as the installed torchtitan's multimodal sample.
 
     Returns ``input_ids``, ``labels`` (vision tokens IGNORE_INDEX) and ``positions``,
-    each (seq_len + 1,) int64, and ``pixel_values``: one (1, H, W, 3) float32
-    image per chunk, H and W the grid's patches times ``patch_size``.
+    each int64, (seq_len + 1,) on 0.3, whose collator shifts, and shifted,
+    (seq_len,), on main; and ``pixel_values``: one (1, H, W, 3) float32 image per
+    chunk, H and W the grid's patches times ``patch_size``.
     """
     # A string seed hashes with SHA-512: the same row on every platform and run.
     rng = random.Random(f"seq1f1b-images/{spec.seed}/{index}")
@@ -153,19 +159,44 @@ def image_text_row(spec: ImageTextSpec, index: int) -> dict[str, Any]:
     input_ids = torch.tensor(tokens)
     vision = torch.tensor([ids["vision_start_id"], ids["vision_end_id"], ids["image_id"]])
     labels = input_ids.masked_fill(torch.isin(input_ids, vision), IGNORE_INDEX)
-    return {"input_ids": input_ids, "labels": labels, "positions": torch.arange(len(tokens)),
+    if FOLDED:  # main's collator takes samples shifted
+        input_ids, labels = input_ids[:-1], labels[1:]
+    return {"input_ids": input_ids, "labels": labels, "positions": torch.arange(len(input_ids)),
             "pixel_values": images}
 
 
+def image_text_context(spec: ImageTextSpec, num_tokens: int):
+    """torchtitan main's ``DatasetBuildContext`` for ``spec``: documents of up to seq_len
+    tokens packed into rows of ``num_tokens``, the tokenizer the corpus' special tokens."""
+    import grain.python as grain
+    from torchtitan.components.data.types import DatasetBuildContext
+
+    return DatasetBuildContext(
+        tokenizer=_Tokenizer(spec.special_tokens),
+        max_context_length=spec.seq_len,
+        num_tokens_per_batch=num_tokens,
+        read_options=grain.ReadOptions(),
+    )
+
+
 def image_text_collator(spec: ImageTextSpec, batch_size: int):
-    """torchtitan's MultiModalCollator for ``batch_size`` rows of ``spec``: patches
-    in the model's order, padding, MRoPE positions if the model takes them."""
+    """torchtitan's MultiModalCollator for ``batch_size`` rows of ``spec`` (on main:
+    one packed row of ``batch_size`` tokens): patches in the model's order,
+    padding, MRoPE positions if the model takes them."""
     # Its module imports torchvision to decode images; made ones need no decoding.
     with torchvision_stand_in():
         from torchtitan.hf_datasets.multimodal.mm_collator import MultiModalCollator
 
     vision = dataclasses.asdict(spec.vision)
     del vision["shared_placeholder"]  # the tokenizer's ids say it
+    if FOLDED:
+        # A packed row holds at most ceil(batch_size / seq_len) whole documents.
+        documents = -(-batch_size // spec.seq_len)
+        return MultiModalCollator(
+            MultiModalCollator.Config(max_images_per_batch=documents * spec.images_per_row,
+                                      **vision),
+            context=image_text_context(spec, batch_size),
+        )
     return MultiModalCollator(
         batch_size=batch_size,
         seq_len=spec.seq_len,
@@ -179,6 +210,7 @@ def image_text_batch(
     spec: ImageTextSpec, indices: Sequence[int]
 ) -> tuple[dict[str, Any], torch.Tensor]:
     """Rows ``indices`` collated as torchtitan's multimodal dataloader yields them:
-    (input_dict, labels (B, seq_len)); see the module doc."""
+    (input_dict, labels (B, seq_len)), on main one packed row (B * seq_len,); see
+    the module doc."""
     rows = [image_text_row(spec, i) for i in indices]
-    return image_text_collator(spec, len(indices))(rows)
+    return image_text_collator(spec, len(indices) * (spec.seq_len if FOLDED else 1))(rows)

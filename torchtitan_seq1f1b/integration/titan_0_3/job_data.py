@@ -7,8 +7,8 @@ torchtitan's debug configs read its repository's test assets
 (``./tests/assets/tokenizer``, the ``c4_test`` and ``cc12m-test`` samples),
 which a pip install does not have. ``--seq1f1b.data recall`` swaps in the
 recall corpus and the shipped tokenizer, ``--seq1f1b.data images`` the
-synthetic image-text corpus (:mod:`.image_dataloader`) for a vision-language
-model; otherwise a missing local path is refused at start-up, naming the
+synthetic image-text corpus (:mod:`.image_dataloader` on 0.3, :mod:`.image_grain`
+on main) for a vision-language model; otherwise a missing local path is refused at start-up, naming the
 option to set.
 """
 
@@ -28,6 +28,7 @@ if FOLDED:  # torchtitan main: Grain datasets are config objects
     from torchtitan.components.data import GrainDataLoader
 
     from torchtitan_seq1f1b.data.grain_source import recall_dataset, RecallSource
+    from torchtitan_seq1f1b.integration.titan_0_3.image_grain import image_loader
 else:
     from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader
 
@@ -88,12 +89,15 @@ def use_image_data(config: Trainer.Config) -> None:
     """Train on the image-text corpus, batched with the vision settings of the job's
     multimodal dataloader, its token ids those of the shipped tokenizer. The job
     validates on nothing: the corpus has no end to validate over."""
-    if FOLDED:
+    if FOLDED and config.model_spec.name == "kimi_k2_5":
         raise Seq1F1BConfigError(
-            "seq1f1b.data='images' needs torchtitan 0.3: on torchtitan main the image "
-            "corpus is not ported yet (docs/torchtitan-main.md); drop --seq1f1b.data images"
+            "seq1f1b.data='images' with kimi_k2_5 needs torchtitan 0.3: on torchtitan main "
+            "its images are not ported yet (docs/torchtitan-main.md); drop --seq1f1b.data "
+            "images, or train qwen3_5 on images"
         )
-    own, tokens = config.dataloader, config.tokenizer
+    # main keeps the vision settings on the dataloader's collator.
+    own = config.dataloader.collator if FOLDED else config.dataloader
+    tokens = config.tokenizer
     settings = {f.name: getattr(own, f.name) for f in dataclasses.fields(VisionSettings)
                 if hasattr(own, f.name)}
     # One placeholder for images and videos, as kimi_k2_5's tokenizer has.
@@ -102,7 +106,8 @@ def use_image_data(config: Trainer.Config) -> None:
     )
     config.hf_assets_path = str(TOKENIZER_DIR)
     config.tokenizer = HuggingFaceTokenizer.Config()
-    config.dataloader = ImageTextDataLoader.Config(vision=VisionSettings(**settings))
+    vision = VisionSettings(**settings)
+    config.dataloader = image_loader(vision) if FOLDED else ImageTextDataLoader.Config(vision=vision)
     if config.validator is not None:
         config.validator.enable = False
 

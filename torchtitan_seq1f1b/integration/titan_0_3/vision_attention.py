@@ -9,7 +9,9 @@ and torch's flex attention has no backward on CPU ("FlexAttention does not
 support backward on CPU"). :func:`dense_vision_attention` swaps each
 encoder's inner attention for :class:`DenseMaskAttention`, which evaluates
 the same block mask densely and computes the same softmax attention; rows
-the mask leaves empty give zeros, as flex attention's do.
+the mask leaves empty give zeros, as flex attention's do. On torchtitan main
+the encoders pack every item into one sequence, (T, heads, head_dim), under
+a block-diagonal mask.
 """
 
 import functools
@@ -18,7 +20,26 @@ import math
 import torch
 import torch.nn as nn
 
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
+
 __all__ = ["DenseMaskAttention", "dense_vision_attention", "with_dense_vision_attention"]
+
+
+def _dense(q, k, v, block_mask, scale: float | None) -> torch.Tensor:
+    """q, k, v: (N, P, heads, head_dim), N items of P patches; block_mask: a flex
+    ``BlockMask`` over (N, P, P) whose mask_mod ignores the head. Returns q's shape."""
+    n, p = q.shape[:2]
+    arange = torch.arange(p, device=q.device)
+    allowed = block_mask.mask_mod(
+        torch.arange(n, device=q.device)[:, None, None], 0, arange[:, None], arange[None, :]
+    ).expand(n, p, p)[:, None]  # (N, 1, P, P): main's mask_mod ignores the item too
+    scores = torch.einsum("nqhd,nkhd->nhqk", q, k) * (scale or 1 / math.sqrt(q.shape[-1]))
+    # A finite fill: an empty row's softmax stays finite, and its output is zeroed.
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    out = torch.einsum("nhqk,nkhd->nqhd", weights, v)
+    has_keys = allowed.any(-1).transpose(1, 2)[..., None]  # (N, P, 1, 1)
+    return torch.where(has_keys, out, torch.zeros_like(out))
 
 
 class DenseMaskAttention(nn.Module):
@@ -33,21 +54,12 @@ class DenseMaskAttention(nn.Module):
         attention_masks,
         scale: float | None = None,
     ) -> torch.Tensor:
-        """q, k, v: (N, P, heads, head_dim), N items of P patches; attention_masks:
-        a flex ``BlockMask`` over (N, P, P) whose mask_mod ignores the head.
-        Returns (N, P, heads, head_dim)."""
-        n, p = q.shape[:2]
-        arange = torch.arange(p, device=q.device)
-        allowed = attention_masks.mask_mod(
-            torch.arange(n, device=q.device)[:, None, None], 0, arange[:, None], arange[None, :]
-        )[:, None]  # (N, 1, P, P)
-        scores = torch.einsum("nqhd,nkhd->nhqk", q, k) * (scale or 1 / math.sqrt(q.shape[-1]))
-        # A finite fill: an empty row's softmax stays finite, and its output is zeroed.
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1)
-        out = torch.einsum("nhqk,nkhd->nqhd", weights, v)
-        has_keys = allowed.any(-1).transpose(1, 2)[..., None]  # (N, P, 1, 1)
-        return torch.where(has_keys, out, torch.zeros_like(out))
+        """q, k, v: (N, P, heads, head_dim), N items of P patches, on main (P, heads,
+        head_dim), all items packed; attention_masks: their flex ``BlockMask``.
+        Returns q's shape."""
+        if FOLDED:  # the packed sequence as one item
+            return _dense(q[None], k[None], v[None], attention_masks, scale)[0]
+        return _dense(q, k, v, attention_masks, scale)
 
 
 def dense_vision_attention(model: nn.Module) -> int:

@@ -111,11 +111,9 @@ def text_only_inputs(parallelize_fn):
 
 def brings_images(dataloader) -> bool:
     """Whether a dataloader config's batches hold images: torchtitan's multimodal
-    dataloader's (on main: its multimodal collator's) or the shipped image-text corpus'."""
-    module = type(dataloader).__module__
-    if module.startswith(MULTIMODAL_MODULE) or module == IMAGE_DATA_MODULE:
-        return True
-    return type(getattr(dataloader, "collator", None)).__module__.startswith(MULTIMODAL_MODULE)
+    dataloader's or the shipped image-text corpus' (on main: their collators)."""
+    module = type(getattr(dataloader, "collator", dataloader)).__module__
+    return module.startswith("torchtitan.hf_datasets.multimodal") or module in IMAGE_DATA_MODULES
 
 
 def vision_problems(model_name: str, dataloader, cp: int) -> list[str]:
@@ -123,11 +121,11 @@ def vision_problems(model_name: str, dataloader, cp: int) -> list[str]:
     degree ``cp``."""
     if not brings_images(dataloader):
         return []
-    if FOLDED:
+    if FOLDED and model_name == "kimi_k2_5":
         return [
-            f"images for {model_name!r} on torchtitan main: its multimodal collator packs a "
-            "step's images in one row, which Seq1F1B does not cut yet "
-            "(docs/torchtitan-main.md); train on text (--seq1f1b.data recall)"
+            f"images for {model_name!r} on torchtitan main: kimi's image path is not "
+            "ported to main yet (docs/torchtitan-main.md); train on text "
+            "(--seq1f1b.data recall), or train qwen3_5 on images"
         ]
     if cp == 1:
         return []
@@ -138,8 +136,9 @@ def vision_problems(model_name: str, dataloader, cp: int) -> list[str]:
     ]
 
 
-IMAGE_DATA_MODULE = "torchtitan_seq1f1b.integration.titan_0_3.image_dataloader"
-MULTIMODAL_MODULE = "torchtitan.hf_datasets.multimodal"
+# The shipped corpus' dataloader on 0.3 and its collator on main.
+IMAGE_DATA_MODULES = tuple(f"torchtitan_seq1f1b.integration.titan_0_3.{name}"
+                           for name in ("image_dataloader", "image_grain"))
 # Whole-batch image inputs: not cut with the segments, whatever their shapes.
 IMAGE_KWARGS = ("pixel_values", "grid_thw", "pixel_values_videos", "grid_thw_videos")
 # special_tokens' key carrying the segment's feature rows into the embedding step.
@@ -147,8 +146,9 @@ _INDEX_KEY = "seq1f1b_image_index"
 
 
 def image_index_kwargs(tokens: torch.Tensor, kwargs: dict) -> dict:
-    """``kwargs`` (a batch's model inputs beside ``tokens`` (B, T)) with ``image_index``
-    (B, T), each image token's feature row, if the batch brings images."""
+    """``kwargs`` (a batch's model inputs beside ``tokens`` (B, T), on main (T,)) with
+    ``image_index`` of the tokens' shape, each image token's feature row, if the
+    batch brings images."""
     if kwargs.get("pixel_values") is None:
         return kwargs
     image_id = kwargs["special_tokens"]["image_id"]
@@ -173,12 +173,14 @@ def _tokens_per_item(encoder: nn.Module, grid_thw: torch.Tensor) -> torch.Tensor
 
 
 def _encoded_rows(encoder: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
-    """(N, dim): the images' feature rows, each image's first tokens_per_item rows of the
-    encoder's padded (items, max_tokens, dim) output, in image order."""
-    padded = encoder(pixel_values.to(encoder.patch_embed.weight.dtype), grid_thw=grid_thw)
+    """(N, dim): the images' feature rows, in image order: main's encoder packs them,
+    0.3's pads them, (items, max_tokens, dim), each image's first tokens_per_item."""
+    encoded = encoder(pixel_values.to(encoder.patch_embed.weight.dtype), grid_thw=grid_thw)
+    if FOLDED:
+        return encoded
     counts = _tokens_per_item(encoder, grid_thw)
-    kept = torch.arange(padded.shape[1], device=padded.device) < counts[:, None]
-    return padded[kept]
+    kept = torch.arange(encoded.shape[1], device=encoded.device) < counts[:, None]
+    return encoded[kept]
 
 
 def _segment_aware_embeds(
@@ -192,7 +194,8 @@ def _segment_aware_embeds(
     special_tokens: dict,
 ) -> torch.Tensor:
     """The model's ``_prepare_multimodal_embeds`` on a segment: (B, L) tokens ->
-    (B, L, dim) embeddings with the segment's image tokens' features written in."""
+    (B, L, dim) embeddings (on main (L,) -> (L, dim)) with the segment's image
+    tokens' features written in."""
     if pixel_values_videos is not None:
         raise NotImplementedError(
             "a batch brings videos: Seq1F1B scatters image features only; train on images"
@@ -204,6 +207,8 @@ def _segment_aware_embeds(
     if index is None:  # whole rows: no schedule cut them
         index = image_feature_index(tokens == special_tokens["image_id"])
     encode = functools.partial(_encoded_rows, self.vision_encoder, pixel_values, grid_thw)
+    if FOLDED:  # the scatter takes (batch, len) rows: main's segment is a batch of one
+        return self.image_scatter(embeds[None], encode, index[None])[0]
     return self.image_scatter(embeds, encode, index)
 
 
