@@ -57,7 +57,6 @@ __all__ = [
     "HEADS",
     "PLANS",
     "REPO",
-    "KIMI_IMAGES_NOT_ON_MAIN",
     "JOB_ROWS",
     "JOB_TOKENS",
     "JOB_TOKENS_OPTION",
@@ -519,8 +518,6 @@ VALIDATION_DATA_ARGS = (
     () if titan_release() == MAIN
     else ("--validator.dataloader.dataset_path", "doc_tokens=41,words=64")
 )
-# Why a titan_0_3_only test is not run on torchtitan main (docs/torchtitan-main.md).
-KIMI_IMAGES_NOT_ON_MAIN = "kimi's images are not ported to torchtitan main (docs/torchtitan-main.md)"
 # The resume tests' runs: resumed from step 2's checkpoint, the second of the two
 # steps after it runs on state the first updated after the resume.
 RESUME_STEPS = ("--training.steps", "4")

@@ -30,10 +30,8 @@ from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import (
     torchtitan_config_names,
 )
 from torchtitan_seq1f1b.integration.titan_0_3.trainer import Seq1F1BTrainer
-from torchtitan_seq1f1b.integration.titan_0_3.vision_language import vision_problems
 
 from tests.harness import (
-    KIMI_IMAGES_NOT_ON_MAIN,
     REPO,
     RunFailed,
     TEST_ARGS,
@@ -242,25 +240,12 @@ def test_the_image_corpus_takes_the_models_vision_settings():
     assert qwen.build_mrope_positions and not qwen.shared_placeholder
 
 
-@pytest.mark.titan_0_3_only(KIMI_IMAGES_NOT_ON_MAIN)
 def test_the_image_corpus_takes_kimis_vision_settings():
     kimi = import_registry("kimi_k2_7", "kimi_k2_5_debugmodel").kimi_k2_5_debugmodel()
     use_image_data(kimi)
     loader = _vision(kimi)
     assert (loader.patch_size, loader.temporal_patch_size, loader.patch_order) == (14, 1, "raster")
     assert not loader.build_mrope_positions and loader.shared_placeholder
-
-
-def test_kimi_images_on_torchtitan_main_are_refused_naming_why():
-    if not FOLDED:
-        pytest.skip("torchtitan 0.3 runs kimi's images (test_models.py)")
-    kimi = import_registry("kimi_k2_7", "kimi_k2_5_debugmodel").kimi_k2_5_debugmodel()
-    assert "images for 'kimi_k2_5' on torchtitan main: kimi's image path is not ported" in (
-        " ".join(vision_problems("kimi_k2_5", kimi.dataloader, cp=1))
-    )
-    with pytest.raises(Seq1F1BConfigError, match="seq1f1b.data='images' with kimi_k2_5 needs "
-                       "torchtitan 0.3"):
-        use_image_data(kimi)
 
 
 @pytest.mark.titan_0_3_only("kimi_k2_5's configs are checked on 0.3")

@@ -28,7 +28,6 @@ import torch.distributed.checkpoint as dcp
 
 from tests.harness import (
     assert_same_training,
-    KIMI_IMAGES_NOT_ON_MAIN,
     RunFailed,
     TEST_ARGS,
     torchrun,
@@ -62,9 +61,12 @@ MAIN_MODEL_ARGS = (
     "--training.num_tokens_per_microbatch_per_dp_rank", "256",
     "--training.max_context_length", "256", "--parallelism.num_pp_microbatches", "2",
 )
+# kimi keeps its images on main: two 128-token documents to a microbatch's row.
+MAIN_IMAGE_ARGS = ("--seq1f1b.data", "images", "--training.max_context_length", "128")
 if titan_release() == MAIN:
     MODELS = {
-        name: (config, steps, MAIN_MODEL_ARGS, launchers)
+        name: (config, steps, (*MAIN_MODEL_ARGS, *MAIN_IMAGE_ARGS * (name == "kimi_k2_5")),
+               launchers)
         for name, (config, steps, _, launchers) in MODELS.items()
     }
 DATA_ARGS = (
@@ -111,13 +113,7 @@ def seeded_runner(tmp_path_factory, label: str, config: str, steps: int,
     return run
 
 
-KIMI_IMAGES = pytest.mark.titan_0_3_only(KIMI_IMAGES_NOT_ON_MAIN)
-
-
-@pytest.fixture(
-    scope="module",
-    params=[pytest.param(m, marks=[KIMI_IMAGES] * (m == "kimi_k2_5")) for m in MODELS],
-)
+@pytest.fixture(scope="module", params=list(MODELS))
 def model_run(request, tmp_path_factory):
     """run(nproc, *args, name): a short run of the model's config from its seed
     checkpoint; ``run.steps``: the steps each run trains."""

@@ -20,7 +20,6 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.trainer import Trainer
 
 from torchtitan_seq1f1b.data import DATASET_NAMES, RecallSpec, TOKENIZER_DIR
-from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.image_corpus import VisionSettings
 from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 
@@ -89,12 +88,6 @@ def use_image_data(config: Trainer.Config) -> None:
     """Train on the image-text corpus, batched with the vision settings of the job's
     multimodal dataloader, its token ids those of the shipped tokenizer. The job
     validates on nothing: the corpus has no end to validate over."""
-    if FOLDED and config.model_spec.name == "kimi_k2_5":
-        raise Seq1F1BConfigError(
-            "seq1f1b.data='images' with kimi_k2_5 needs torchtitan 0.3: on torchtitan main "
-            "its images are not ported yet (docs/torchtitan-main.md); drop --seq1f1b.data "
-            "images, or train qwen3_5 on images"
-        )
     # main keeps the vision settings on the dataloader's collator.
     own = config.dataloader.collator if FOLDED else config.dataloader
     tokens = config.tokenizer

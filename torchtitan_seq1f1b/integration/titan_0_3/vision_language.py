@@ -121,12 +121,6 @@ def vision_problems(model_name: str, dataloader, cp: int) -> list[str]:
     degree ``cp``."""
     if not brings_images(dataloader):
         return []
-    if FOLDED and model_name == "kimi_k2_5":
-        return [
-            f"images for {model_name!r} on torchtitan main: kimi's image path is not "
-            "ported to main yet (docs/torchtitan-main.md); train on text "
-            "(--seq1f1b.data recall), or train qwen3_5 on images"
-        ]
     if cp == 1:
         return []
     return [
