@@ -85,6 +85,19 @@ def test_document_starts_are_read_once_for_every_microbatch():
     assert "decrease" in read_document_starts([first, torch.tensor([[0, 1, 1, 0] * 3])])
 
 
+def test_single_token_documents_merge_into_the_one_before_on_host_and_device():
+    """One-token documents join the document before them (a row's first token stays a
+    start): the host starts and the device ids agree, and nothing else changes."""
+    plan = SegmentPlan.from_lengths((6, 6))
+    documents = MicrobatchDocuments(_ids((1, 3, 1, 1, 5, 1), (2, 10), (12,)), plan)
+    merged = documents.single_tokens_merged
+    assert merged.row_starts == [(0, 1, 6), (0, 2), (0,)]
+    assert MicrobatchDocuments(merged.ids, plan).row_starts == merged.row_starts
+    assert merged.device_starts[0].tolist() == [0] + [1] * 5 + [6] * 6
+    unchanged = MicrobatchDocuments(_ids((2, 10), (12,)), plan)
+    assert unchanged.single_tokens_merged is unchanged
+
+
 def test_one_upload_gives_every_mixed_segment_its_packed_layout():
     plan = SegmentPlan.from_lengths((5, 3, 4))
     microbatches = [MicrobatchDocuments(_ids((3, 5, 4), (1, 1, 10)), plan),
