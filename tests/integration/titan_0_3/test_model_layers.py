@@ -34,7 +34,7 @@ from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel, gpt_os
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
-from torchtitan.models.qwen3_5.model import OffsetRMSNorm, RMSNormGated
+from torchtitan.models.qwen3_5 import OffsetRMSNorm, RMSNormGated
 
 from torchtitan_seq1f1b.attention import bind_documents
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
@@ -45,6 +45,7 @@ from torchtitan_seq1f1b.integration.titan_0_3.attention import (
     positions_document_ids,
 )
 from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED, SEQ_DIM
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, transformer_cost
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import import_registry
 from torchtitan_seq1f1b.integration.titan_0_3.vision_language import text_only_inputs
@@ -60,8 +61,11 @@ from tests.integration.titan_0_3.input_dtype_experts import (
 from tests.integration.titan_0_3.smaller_vocab import with_vocab
 
 PLAN = SegmentPlan.from_lengths((11, 5, 16))
-# Per row of the microbatch: document lengths summing to the plan's 32 tokens.
-DOCUMENTS = ((7, 13, 12), (32,))
+# Per row of the microbatch: document lengths summing to the plan's 32 tokens; on
+# main a microbatch is one packed row.
+DOCUMENTS = ((7, 13, 12),) if FOLDED else ((7, 13, 12), (32,))
+# tokens, positions: (rows, seq_len), on main (seq_len,).
+SHAPE = (PLAN.seq_len,) if FOLDED else (len(DOCUMENTS), PLAN.seq_len)
 # torchtitan's MoE combine rounds each routed output to float32 before weighting it
 # (token_dispatcher.py), so inputs differing by float64 summation order (~1e-15) round a
 # few of them apart: gpt_oss differs by up to 2e-10. A wrong segment differs by > 1e-4.
@@ -149,13 +153,11 @@ MODELS = {
 MOE_LAYERS = {"qwen3-moe": 2, "deepseek_v3": 1, "gpt_oss": 2, "qwen3_5": 0, "qwen3_5-moe": 2}
 
 def _batch(model) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens and per-document positions, (2, 32)."""
+    """tokens and per-document positions, :data:`SHAPE`."""
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, model.config.vocab_size, (2, PLAN.seq_len), generator=gen)
-    positions = torch.cat([
-        torch.cat([torch.arange(length) for length in lengths])[None] for lengths in DOCUMENTS
-    ])
-    return tokens, positions
+    tokens = torch.randint(0, model.config.vocab_size, SHAPE, generator=gen)
+    positions = torch.cat([torch.arange(length) for lengths in DOCUMENTS for length in lengths])
+    return tokens, positions.view(SHAPE)
 
 class _PositionsAsInput(torch.nn.Module):
     """The model called with (tokens, positions), both cut into segments."""
@@ -182,7 +184,9 @@ def _run(model, segmented: bool, grad_out: torch.Tensor | None):
     with backward_on_fresh_thread():
         if segmented:
             store = KVStore()
-            run = SegmentedRun(forward, [tokens, positions], PLAN, store, document_ids=ids)
+            run = SegmentedRun(
+                forward, [tokens, positions], PLAN, store, seq_dim=SEQ_DIM, document_ids=ids
+            )
             out, _ = run.run(grad_out)
             assert len(store) == 0
         else:
@@ -218,7 +222,7 @@ def test_segmented_model_matches_unsplit(name, checkpointing, monkeypatch):
         CHECKPOINTING[checkpointing].build().apply(model)
     model.train()
     gen = torch.Generator().manual_seed(2)
-    grad_out = torch.randn(2, PLAN.seq_len, model.config.vocab_size, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(*SHAPE, model.config.vocab_size, generator=gen, dtype=torch.float64)
     ref_out, ref_grads, ref_counts = _run(model, False, grad_out)
     out, grads, counts = _run(model, True, grad_out)
     assert_close(out, ref_out, f"titan0.3 {name}", RTOL)
