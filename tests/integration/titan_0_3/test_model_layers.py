@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""torchtitan 0.3's decoders, converted, run segment by segment in float64.
+"""torchtitan 0.3's and main's decoders, converted, run segment by segment in float64.
 
 Each model is torchtitan's own debug model cut to two blocks (fewer routed
 experts for qwen3's MoE; qwen3_5's third and fourth, a GatedDeltaNet block and
@@ -9,8 +9,9 @@ a softmax one, at 2048 tokens), converted by :func:`make_segment_aware`, and run
 as a Seq1F1B stage runs one microbatch: segment by segment on a K/V store,
 packed documents crossing the segment borders, under torchtitan's activation
 checkpointing, every backward on a fresh thread as CUDA's autograd engine
-runs it. Logits, every parameter's gradient and the MoE token counts that
-drive load balancing must equal the unsplit run's.
+runs it (on main a microbatch is one packed row, cut on dim 0). Logits,
+every parameter's gradient and the MoE token counts that drive load
+balancing must equal the unsplit run's.
 
 torchtitan's routed experts multiply in bf16 whatever the model's dtype, so
 their weight gradients are rounded once per call: once per segment here, once
@@ -39,6 +40,7 @@ from torchtitan.models.qwen3_5 import OffsetRMSNorm, RMSNormGated
 from torchtitan_seq1f1b.attention import bind_documents
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.check.segmented import SegmentedRun
+from torchtitan_seq1f1b.integration import titan_release
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.attention import (
     make_segment_aware,
@@ -225,9 +227,10 @@ def test_segmented_model_matches_unsplit(name, checkpointing, monkeypatch):
     grad_out = torch.randn(*SHAPE, model.config.vocab_size, generator=gen, dtype=torch.float64)
     ref_out, ref_grads, ref_counts = _run(model, False, grad_out)
     out, grads, counts = _run(model, True, grad_out)
-    assert_close(out, ref_out, f"titan0.3 {name}", RTOL)
+    family = f"torchtitan {titan_release()} {name}"
+    assert_close(out, ref_out, family, RTOL)
     for param, ref in ref_grads.items():
-        assert_close(grads[param], ref, f"titan0.3 {name}", RTOL, what=f"grad of {param}")
+        assert_close(grads[param], ref, family, RTOL, what=f"grad of {param}")
     assert len(counts) == MOE_LAYERS[name]
     for layer, (count, ref) in enumerate(zip(counts, ref_counts)):
         assert ref.sum() > 0
