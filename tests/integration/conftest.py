@@ -19,9 +19,6 @@ from torchtitan_seq1f1b.integration import MAIN
 # The 0.3 adapter also runs torchtitan main.
 RELEASE_DIRS = {"0.2": "titan_0_2", "0.3": "titan_0_3", MAIN: "titan_0_3"}
 collect_ignore = [d for d in RELEASE_DIRS.values() if d != RELEASE_DIRS.get(titan_release())]
-if titan_release() == MAIN:
-    # They import qwen3_5's and the vision encoder's 0.3 modules, which main moved.
-    collect_ignore += ["titan_0_3/test_model_layers.py", "titan_0_3/test_vision_attention.py"]
 
 
 def pytest_collection_modifyitems(config, items):

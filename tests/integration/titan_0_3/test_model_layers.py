@@ -1,7 +1,7 @@
 # Copyright (c) the torchtitan-seq1f1b authors.
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
-"""torchtitan 0.3's decoders, converted, run segment by segment in float64.
+"""torchtitan 0.3's and main's decoders, converted, run segment by segment in float64.
 
 Each model is torchtitan's own debug model cut to two blocks (fewer routed
 experts for qwen3's MoE; qwen3_5's third and fourth, a GatedDeltaNet block and
@@ -9,8 +9,9 @@ a softmax one, at 2048 tokens), converted by :func:`make_segment_aware`, and run
 as a Seq1F1B stage runs one microbatch: segment by segment on a K/V store,
 packed documents crossing the segment borders, under torchtitan's activation
 checkpointing, every backward on a fresh thread as CUDA's autograd engine
-runs it. Logits, every parameter's gradient and the MoE token counts that
-drive load balancing must equal the unsplit run's.
+runs it (on main a microbatch is one packed row, cut on dim 0). Logits,
+every parameter's gradient and the MoE token counts that drive load
+balancing must equal the unsplit run's.
 
 torchtitan's routed experts multiply in bf16 whatever the model's dtype, so
 their weight gradients are rounded once per call: once per segment here, once
@@ -34,17 +35,19 @@ from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel, gpt_os
 from torchtitan.models.gpt_oss.moe import GptOssGroupedExperts
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
-from torchtitan.models.qwen3_5.model import OffsetRMSNorm, RMSNormGated
+from torchtitan.models.qwen3_5 import OffsetRMSNorm, RMSNormGated
 
 from torchtitan_seq1f1b.attention import bind_documents
 from torchtitan_seq1f1b.check.device_thread import backward_on_fresh_thread
 from torchtitan_seq1f1b.check.segmented import SegmentedRun
+from torchtitan_seq1f1b.integration import titan_release
 from torchtitan_seq1f1b.integration.segment_plan import Seq1F1BConfigError
 from torchtitan_seq1f1b.integration.titan_0_3.attention import (
     make_segment_aware,
     positions_document_ids,
 )
 from torchtitan_seq1f1b.integration.titan_0_3.checkpointing import saving_attention
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED, SEQ_DIM
 from torchtitan_seq1f1b.integration.titan_0_3.segment_plan import attention_head_dim, transformer_cost
 from torchtitan_seq1f1b.integration.titan_0_3.torchtitan_configs import import_registry
 from torchtitan_seq1f1b.integration.titan_0_3.vision_language import text_only_inputs
@@ -60,8 +63,11 @@ from tests.integration.titan_0_3.input_dtype_experts import (
 from tests.integration.titan_0_3.smaller_vocab import with_vocab
 
 PLAN = SegmentPlan.from_lengths((11, 5, 16))
-# Per row of the microbatch: document lengths summing to the plan's 32 tokens.
-DOCUMENTS = ((7, 13, 12), (32,))
+# Per row of the microbatch: document lengths summing to the plan's 32 tokens; on
+# main a microbatch is one packed row.
+DOCUMENTS = ((7, 13, 12),) if FOLDED else ((7, 13, 12), (32,))
+# tokens, positions: (rows, seq_len), on main (seq_len,).
+SHAPE = (PLAN.seq_len,) if FOLDED else (len(DOCUMENTS), PLAN.seq_len)
 # torchtitan's MoE combine rounds each routed output to float32 before weighting it
 # (token_dispatcher.py), so inputs differing by float64 summation order (~1e-15) round a
 # few of them apart: gpt_oss differs by up to 2e-10. A wrong segment differs by > 1e-4.
@@ -149,13 +155,11 @@ MODELS = {
 MOE_LAYERS = {"qwen3-moe": 2, "deepseek_v3": 1, "gpt_oss": 2, "qwen3_5": 0, "qwen3_5-moe": 2}
 
 def _batch(model) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens and per-document positions, (2, 32)."""
+    """tokens and per-document positions, :data:`SHAPE`."""
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, model.config.vocab_size, (2, PLAN.seq_len), generator=gen)
-    positions = torch.cat([
-        torch.cat([torch.arange(length) for length in lengths])[None] for lengths in DOCUMENTS
-    ])
-    return tokens, positions
+    tokens = torch.randint(0, model.config.vocab_size, SHAPE, generator=gen)
+    positions = torch.cat([torch.arange(length) for lengths in DOCUMENTS for length in lengths])
+    return tokens, positions.view(SHAPE)
 
 class _PositionsAsInput(torch.nn.Module):
     """The model called with (tokens, positions), both cut into segments."""
@@ -182,7 +186,9 @@ def _run(model, segmented: bool, grad_out: torch.Tensor | None):
     with backward_on_fresh_thread():
         if segmented:
             store = KVStore()
-            run = SegmentedRun(forward, [tokens, positions], PLAN, store, document_ids=ids)
+            run = SegmentedRun(
+                forward, [tokens, positions], PLAN, store, seq_dim=SEQ_DIM, document_ids=ids
+            )
             out, _ = run.run(grad_out)
             assert len(store) == 0
         else:
@@ -218,12 +224,13 @@ def test_segmented_model_matches_unsplit(name, checkpointing, monkeypatch):
         CHECKPOINTING[checkpointing].build().apply(model)
     model.train()
     gen = torch.Generator().manual_seed(2)
-    grad_out = torch.randn(2, PLAN.seq_len, model.config.vocab_size, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(*SHAPE, model.config.vocab_size, generator=gen, dtype=torch.float64)
     ref_out, ref_grads, ref_counts = _run(model, False, grad_out)
     out, grads, counts = _run(model, True, grad_out)
-    assert_close(out, ref_out, f"titan0.3 {name}", RTOL)
+    family = f"torchtitan {titan_release()} {name}"
+    assert_close(out, ref_out, family, RTOL)
     for param, ref in ref_grads.items():
-        assert_close(grads[param], ref, f"titan0.3 {name}", RTOL, what=f"grad of {param}")
+        assert_close(grads[param], ref, family, RTOL, what=f"grad of {param}")
     assert len(counts) == MOE_LAYERS[name]
     for layer, (count, ref) in enumerate(zip(counts, ref_counts)):
         assert ref.sum() > 0

@@ -2,34 +2,51 @@
 # Licensed under the BSD 3-Clause license found in the LICENSE file.
 
 """The vision encoders' attention computed densely on CPU, against each image's own
-attention over its real patches (float64), with torchtitan's block mask."""
+attention over its real patches (float64), with torchtitan's block mask: on 0.3 over
+images padded to the longest, on main over all images packed into one sequence."""
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
-from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
 
+from torchtitan_seq1f1b.integration.titan_0_3.release import FOLDED
 from torchtitan_seq1f1b.integration.titan_0_3.vision_attention import (
     DenseMaskAttention,
     dense_vision_attention,
 )
 
-PATCHES = torch.tensor([5, 8, 3])  # real patches per image, padded to 8
+if FOLDED:
+    from torchtitan.models.common.vision_encoder import create_block_diagonal_mask
+else:
+    from torchtitan.models.common.vision_encoder import get_vision_block_mask_mod
+
+PATCHES = torch.tensor([5, 8, 3])  # real patches per image, padded to 8 on 0.3
 HEADS, HEAD_DIM = 2, 4
+STARTS = torch.cumsum(PATCHES, 0) - PATCHES  # each image's first patch, packed on main
 
 
 def _inputs():
+    """q, k, v: (images, 8, HEADS, HEAD_DIM) on 0.3, (16, HEADS, HEAD_DIM) on main."""
     gen = torch.Generator().manual_seed(0)
-    shape = (len(PATCHES), int(PATCHES.max()), HEADS, HEAD_DIM)
-    return [torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
-            for _ in range(3)]
+    patches = (int(PATCHES.sum()),) if FOLDED else (len(PATCHES), int(PATCHES.max()))
+    return [torch.randn(*patches, HEADS, HEAD_DIM, generator=gen, dtype=torch.float64,
+                        requires_grad=True) for _ in range(3)]
 
 
 def _block_mask():
+    if FOLDED:
+        return create_block_diagonal_mask(PATCHES, int(PATCHES.sum()), torch.device("cpu"))
     p = int(PATCHES.max())
     return create_block_mask(
         get_vision_block_mask_mod(PATCHES), len(PATCHES), None, p, p, device="cpu"
     )
+
+
+def _image(x: torch.Tensor, i: int) -> torch.Tensor:
+    """Image i's real patches of an _inputs()-shaped x: (PATCHES[i], HEADS, HEAD_DIM)."""
+    if FOLDED:
+        return x[STARTS[i] : STARTS[i] + PATCHES[i]]
+    return x[i, : PATCHES[i]]
 
 
 def test_matches_each_images_own_attention():
@@ -37,10 +54,11 @@ def test_matches_each_images_own_attention():
     out = DenseMaskAttention()(q, k, v, attention_masks=_block_mask())
     for i, n in enumerate(PATCHES.tolist()):
         own = F.scaled_dot_product_attention(
-            *(x[i, :n].transpose(0, 1) for x in (q, k, v))
+            *(_image(x, i).transpose(0, 1) for x in (q, k, v))
         ).transpose(0, 1)
-        torch.testing.assert_close(out[i, :n], own, rtol=1e-12, atol=1e-14)
-        assert (out[i, n:] == 0).all()  # padding attends to nothing, as under flex
+        torch.testing.assert_close(_image(out, i), own, rtol=1e-12, atol=1e-14)
+        if not FOLDED:  # main packs images without padding
+            assert (out[i, n:] == 0).all()  # padding attends to nothing, as under flex
 
 
 def test_gradients_are_finite_and_exact():
@@ -51,7 +69,8 @@ def test_gradients_are_finite_and_exact():
     q, k, v = _inputs()
     DenseMaskAttention()(q, k, v, attention_masks=mask).sum().backward()
     assert all(x.grad.isfinite().all() for x in (q, k, v))
-    assert (k.grad[2, 3:] == 0).all()  # padded keys get nothing
+    if not FOLDED:
+        assert (k.grad[2, 3:] == 0).all()  # padded keys get nothing
 
 
 def test_swaps_every_vision_attention():
