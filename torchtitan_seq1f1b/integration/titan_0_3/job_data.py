@@ -7,9 +7,9 @@ torchtitan's debug configs read its repository's test assets
 (``./tests/assets/tokenizer``, the ``c4_test`` and ``cc12m-test`` samples),
 which a pip install does not have. ``--seq1f1b.data recall`` swaps in the
 recall corpus and the shipped tokenizer, ``--seq1f1b.data images`` the
-synthetic image-text corpus (:mod:`.image_dataloader` on 0.3, :mod:`.image_grain`
-on main) for a vision-language model; otherwise a missing local path is refused at start-up, naming the
-option to set.
+synthetic image-text corpus (:mod:`.image_dataloader` on 0.3,
+:mod:`.image_grain` on main) for a vision-language model; otherwise a missing
+local path is refused at start-up, naming the option to set.
 """
 
 import dataclasses
